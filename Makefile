@@ -1,0 +1,50 @@
+# The two README commands are `make run` (whole pipeline on the embedded default) and `make test`.
+# Both set up .venv first (idempotent: a stamp file records the installed pyproject).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+# One thread per process: 2 cores here, and DeepSpeed ranks oversubscribe without it (DESIGN.md §4).
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export HF_HUB_OFFLINE ?= 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup run test test-fast lint bench clean serve dry-run
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (README).
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev]"
+	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).
+	$(PIP) install -q --no-deps "scenedetect==0.7.2"
+	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
+	rm -f $(VENV)/.installed-*; touch $@
+
+run: setup
+	$(PY) -m flows $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+dry-run: setup
+	$(PY) -m vtg.config $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf data/interim data/shards checkpoints reports mlruns mlflow.db .prefect

@@ -1,0 +1,1 @@
+"""Per-checkpoint evaluation: parse answers, score mIoU and R@1, blind baselines, report, registry."""

@@ -1,0 +1,1 @@
+"""Prefect flows that chain the stages; also the `python -m flows` entry of `make run`."""

@@ -1,0 +1,1 @@
+"""DeepSpeed training of a Hugging Face video VLM for temporal grounding."""

@@ -1,0 +1,52 @@
+"""Arguments every stage CLI shares: `--params`, `--experiment`, `--dry-run`, and `key=value` overrides.
+
+Stage CLIs (`python -m beam_jobs.preprocess`, `python -m training`, ...) build their parser with
+`config_arg_parser`, call `resolve_config`, and wrap `main` with `run_cli` so a user error prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from vtg.config import PipelineConfig, config_hash, dump_yaml, load_config
+from vtg.errors import VTGError
+
+
+def config_arg_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="Overrides are dotted keys, e.g. train.lr=5e-5 train.model.finetune=lora; they win over the "
+        "experiment, which wins over params.yaml. `python -m vtg.config` prints every key.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--params", default="params.yaml", help="base params file (default: %(default)s)")
+    parser.add_argument("--experiment", "-e", default=None,
+                        help="experiment name in experiments/ (overrides only; may `extends:` another)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> PipelineConfig:
+    cfg = load_config(args.params, args.experiment, args.overrides)
+    if getattr(args, "dry_run", False):
+        print(dump_yaml(cfg), end="")
+        print(f"# config hash: {config_hash(cfg)}")
+        raise SystemExit(0)
+    return cfg
+
+
+def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run a CLI main: user errors (VTGError) become one line on stderr and exit code 2."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(main(argv) or 0)
+    except VTGError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

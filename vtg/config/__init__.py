@@ -1,0 +1,182 @@
+"""Typed pipeline configuration: `params.yaml` + experiment overrides + dotted CLI overrides.
+
+Resolution order (later wins): `params.yaml` -> `experiments/<base>.yaml` -> ... -> `experiments/<name>.yaml`
+-> `key.path=value` overrides. An experiment file holds only overrides and may name its parent with
+`extends: <name>`. Every key remembers the file it came from so that a validation error can say where to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from vtg.config._base import Section
+from vtg.config.corpus import CorpusConfig
+from vtg.config.evaluate import EvaluateConfig
+from vtg.config.ingest import IngestConfig
+from vtg.config.orchestration import OrchestrationConfig
+from vtg.config.preprocess import PreprocessConfig
+from vtg.config.tracking import TrackingConfig
+from vtg.config.train import TrainConfig
+from vtg.errors import ConfigError
+
+__all__ = [
+    "PipelineConfig", "load_config", "config_hash", "parse_overrides", "ConfigError",
+    "CorpusConfig", "IngestConfig", "PreprocessConfig", "TrainConfig", "EvaluateConfig",
+    "TrackingConfig", "OrchestrationConfig",
+]
+
+CLI_SOURCE = "<command line>"
+
+
+class PipelineConfig(Section):
+    """The whole pipeline's configuration, one section per stage."""
+
+    corpus: CorpusConfig = CorpusConfig()
+    """Synthetic corpus (embedded default data set)."""
+    ingest: IngestConfig = IngestConfig()
+    """Annotation ingest."""
+    preprocess: PreprocessConfig = PreprocessConfig()
+    """Beam preprocessing."""
+    train: TrainConfig = TrainConfig()
+    """DeepSpeed training."""
+    evaluate: EvaluateConfig = EvaluateConfig()
+    """Per-checkpoint evaluation."""
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow tracking."""
+    orchestration: OrchestrationConfig = OrchestrationConfig()
+    """Prefect and DVC."""
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _merge(dst: dict, src: dict, origin: dict[str, str], source: str, prefix: str = "") -> None:
+    """Deep-merge `src` into `dst`, recording for every leaf key which file set it."""
+    for key, value in src.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value, origin, source, dotted + ".")
+        else:
+            dst[key] = value
+            origin[dotted] = source
+            if isinstance(value, dict):
+                for sub in _leaves(value, dotted + "."):
+                    origin[sub] = source
+
+
+def _leaves(d: dict, prefix: str) -> list[str]:
+    out = []
+    for k, v in d.items():
+        out.extend(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])
+    return out
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`["train.lr=5e-5", "train.model.finetune=lora"]` -> nested dict (values parsed as YAML scalars)."""
+    nested: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"{CLI_SOURCE}: override {item!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads `5e-5` as a string; users mean a number
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                pass
+        node = nested
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{CLI_SOURCE}: override {item!r} conflicts with another override")
+        node[leaf] = value
+    return nested
+
+
+def _experiment_chain(name: str, exp_dir: Path) -> list[Path]:
+    chain: list[Path] = []
+    seen: set[str] = set()
+    current: str | None = name
+    while current:
+        if current in seen:
+            raise ConfigError(f"{exp_dir}: experiment 'extends' cycle through {current!r}")
+        seen.add(current)
+        path = Path(current) if current.endswith((".yaml", ".yml")) else exp_dir / f"{current}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in exp_dir.glob("*.yaml")) if exp_dir.is_dir() else []
+            raise ConfigError(f"{path}: experiment {current!r} not found (known: {', '.join(known) or 'none'})")
+        chain.append(path)
+        parent = _read_yaml(path).get("extends")
+        if parent is not None and not isinstance(parent, str):
+            raise ConfigError(f"{path}: 'extends' must be an experiment name, got {parent!r}")
+        current = parent
+    return list(reversed(chain))
+
+
+def _format_errors(err: ValidationError, origin: dict[str, str], default_source: str) -> str:
+    lines = []
+    for e in err.errors():
+        dotted = ".".join(str(p) for p in e["loc"])
+        source = origin.get(dotted) or default_source
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (typo? see `--dry-run` for the valid keys)"
+        lines.append(f"{source}: {dotted}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"
+                                                        and not isinstance(e.get("input"), dict) else ""))
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(
+    params: str | Path = "params.yaml",
+    experiment: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    experiments_dir: str | Path | None = None,
+) -> PipelineConfig:
+    """Resolve params.yaml + experiment chain + dotted overrides into a validated `PipelineConfig`."""
+    params = Path(params)
+    exp_dir = Path(experiments_dir) if experiments_dir else params.parent / "experiments"
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    _merge(merged, _read_yaml(params), origin, str(params))
+    if experiment:
+        for path in _experiment_chain(experiment, exp_dir):
+            data = _read_yaml(path)
+            data.pop("extends", None)
+            data.pop("description", None)
+            _merge(merged, data, origin, str(path))
+    _merge(merged, parse_overrides(list(overrides)), origin, CLI_SOURCE)
+    try:
+        return PipelineConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, origin, str(params))) from None
+
+
+def config_hash(cfg: Section, length: int = 12) -> str:
+    """Stable hash of a resolved config (or one section of it), for lineage."""
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def dump_yaml(cfg: Section) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,24 @@
+"""`ingest`: annotation files -> canonical records (+ dead letters)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from vtg.config._base import Section
+
+
+class IngestConfig(Section):
+    annotations: list[str] = ["data/raw/synthetic/annotations.jsonl"]
+    """Annotation files to ingest (Charades-STA txt, QVHighlights jsonl, ActivityNet json, native jsonl)."""
+    format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"
+    """Annotation format; `auto` decides by extension and content."""
+    video_root: str = "data/raw/synthetic/videos"
+    """Directory where video files are looked up by id (common extensions)."""
+    end_tolerance_s: float = Field(0.5, ge=0)
+    """An end time up to this far beyond the video duration is clipped, not rejected."""
+    out: str = "data/interim/records.jsonl"
+    """Canonical records output (one JSON object per (video, query))."""
+    dead_letter: str = "data/interim/ingest_dead_letter.jsonl"
+    """Every rejected line with file, line number and reason."""
+    summary: str = "data/interim/ingest_summary.json"
+    """Counts that reconcile: input lines = records + dead letters."""

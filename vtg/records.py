@@ -1,0 +1,72 @@
+"""The canonical record: one (video, query) pair after ingest (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+
+class CanonicalRecord(BaseModel):
+    """One query about one video, with one or more ground-truth windows in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    video_id: str
+    video_path: str
+    duration_s: float
+    query: str
+    windows: list[tuple[float, float]]
+    source: str
+    """Dataset name and file, e.g. `qvhighlights:data/raw/x.jsonl`."""
+    annotation_id: str
+
+    @field_validator("query")
+    @classmethod
+    def _query_non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("empty query")
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _windows_valid(self) -> CanonicalRecord:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration {self.duration_s} is not a positive finite number")
+        if not self.windows:
+            raise ValueError("no ground-truth window")
+        for s, e in self.windows:
+            if not (math.isfinite(s) and math.isfinite(e)):
+                raise ValueError(f"window [{s}, {e}] is not finite")
+            if s < 0:
+                raise ValueError(f"window [{s}, {e}] starts before 0")
+            if s >= e:
+                raise ValueError(f"window [{s}, {e}] has start >= end")
+            if e > self.duration_s + 1e-6:
+                raise ValueError(f"window [{s}, {e}] ends after the video ({self.duration_s} s)")
+        return self
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict | BaseModel]) -> int:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("w") as f:
+        for row in rows:
+            obj = row.model_dump(mode="json") if isinstance(row, BaseModel) else row
+            f.write(json.dumps(obj, sort_keys=True) + "\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    with Path(path).open() as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def read_records(path: str | Path) -> list[CanonicalRecord]:
+    return [CanonicalRecord.model_validate(d) for d in read_jsonl(path)]

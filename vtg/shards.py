@@ -1,0 +1,120 @@
+"""The WebDataset sample contract (DESIGN.md §3) and a deterministic shard writer.
+
+One sample = one window of one source video: JPEG frames `f000.jpg`, `f001.jpg`, ... and a `json` member
+described by `SampleMeta`. The Beam job writes shards with `write_shard`; tests build fixture shards with the
+same function, so producers and consumers cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+SHARD_PATTERN = "shard-%06d.tar"
+SPLITS = ("train", "val", "test")
+
+
+class QueryMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+    windows: list[tuple[float, float]]
+    """Ground-truth windows in seconds, relative to the window start."""
+    annotation_id: str
+
+
+class SampleMeta(BaseModel):
+    """The `json` member of a sample."""
+
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    """`<video_id>.<window_index>` (also the tar member prefix)."""
+    video_id: str
+    window_index: int
+    window_start_s: float
+    """Window span in the source video."""
+    window_end_s: float
+    frame_timestamps: list[float]
+    """Seconds relative to the window start, one per frame actually extracted."""
+    fps: float
+    """Effective sampling rate actually used (frames / window length)."""
+    num_frames: int
+    queries: list[QueryMeta]
+    quality: dict[str, float] = {}
+    cluster_id: str = ""
+    split: str = ""
+    source: str = ""
+    preprocess_version: str = ""
+    """Code version + params hash of the preprocess run that wrote the sample."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.window_end_s - self.window_start_s
+
+
+def encode_jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
+    """RGB uint8 HxWx3 -> JPEG bytes (OpenCV, deterministic for the same input)."""
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", frame[:, :, ::-1], [int(cv2.IMWRITE_JPEG_QUALITY), quality])
+    if not ok:
+        raise ValueError("JPEG encoding failed")
+    return buf.tobytes()
+
+
+def decode_jpeg(data: bytes) -> np.ndarray:
+    """JPEG bytes -> RGB uint8 HxWx3."""
+    import cv2
+
+    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if arr is None:
+        raise ValueError("not a decodable JPEG")
+    return arr[:, :, ::-1].copy()
+
+
+def sample_members(meta: SampleMeta, jpegs: Sequence[bytes]) -> list[tuple[str, bytes]]:
+    """Tar members of one sample, in a fixed order."""
+    if len(jpegs) != meta.num_frames or len(meta.frame_timestamps) != meta.num_frames:
+        raise ValueError(f"{meta.key}: {len(jpegs)} frames, {len(meta.frame_timestamps)} timestamps, "
+                         f"num_frames={meta.num_frames}")
+    members = [(f"{meta.key}.f{i:03d}.jpg", data) for i, data in enumerate(jpegs)]
+    blob = json.dumps(meta.model_dump(mode="json"), sort_keys=True).encode()
+    members.append((f"{meta.key}.json", blob))
+    return members
+
+
+def write_shard(path: str | Path, samples: Iterable[tuple[SampleMeta, Sequence[bytes]]]) -> int:
+    """Write samples to a tar with fixed metadata (mtime 0, uid/gid 0, mode 0o644): same input -> same bytes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    n = 0
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for meta, jpegs in samples:
+            for name, data in sample_members(meta, jpegs):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(data))
+            n += 1
+    tmp.replace(path)
+    return n
+
+
+def list_shards(root: str | Path, split: str) -> list[str]:
+    """Sorted shard paths of one split; a missing or empty split is a clear error."""
+    from vtg.errors import VTGError
+
+    d = Path(root) / split
+    shards = sorted(str(p) for p in d.glob("shard-*.tar"))
+    if not shards:
+        raise VTGError(f"no shards in {d} (run the preprocess stage first: python -m beam_jobs.preprocess)")
+    return shards
