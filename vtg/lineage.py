@@ -1,0 +1,59 @@
+"""Lineage vocabulary shared by every stage: MLflow tag names, digests, git commit.
+
+The chain a user can walk back: source annotations + videos digest -> shard digest -> preprocess params ->
+train run (params, commit) -> checkpoint -> eval metrics. Every stage tags its MLflow run with these keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+# MLflow tag names (one place, so the lineage CLI can walk them).
+TAG_STAGE = "vtg.stage"  # corpus | ingest | preprocess | train | evaluate | pipeline
+TAG_GIT_COMMIT = "vtg.git_commit"
+TAG_CONFIG_HASH = "vtg.config_hash"
+TAG_SOURCE_DIGEST = "vtg.source_digest"  # annotations + videos that went into preprocess
+TAG_DATA_VERSION = "vtg.data_version"  # shard digest (see `tree_digest`)
+TAG_PREFECT_FLOW_RUN = "vtg.prefect_flow_run_id"
+TAG_TRAIN_RUN = "vtg.train_run_id"  # on eval runs: the training run they evaluate
+TAG_CHECKPOINT = "vtg.checkpoint"  # checkpoint path
+TAG_STEP = "vtg.step"
+
+# Set by the orchestrator so that stage processes open their MLflow runs as children of the pipeline run.
+ENV_PARENT_RUN_ID = "VTG_MLFLOW_PARENT_RUN_ID"
+ENV_PREFECT_FLOW_RUN_ID = "VTG_PREFECT_FLOW_RUN_ID"
+
+
+def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_digest(root: str | Path, pattern: str = "**/*") -> str:
+    """sha256 over (relative path, content sha256) of every file under `root`, in sorted order."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.glob(pattern) if q.is_file()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    """Current commit (with `-dirty` when the work tree has changes), or `unknown` outside git."""
+    env_commit = os.environ.get("VTG_GIT_COMMIT")
+    if env_commit:
+        return env_commit
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
