@@ -23,7 +23,6 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (README).
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[dev]"
 	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).
