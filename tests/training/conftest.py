@@ -1,0 +1,34 @@
+"""Fixtures for the training tests: the cached tiny model and tiny fixture shards honouring the shard contract."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"))
+
+from train_fixtures import write_fixture_shards  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from training.tiny import build_tiny_model
+
+    return build_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def shards_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    write_fixture_shards(root, n_train=24, n_val=6, shards_per_split=2)
+    return root

@@ -1,0 +1,49 @@
+"""Tiny model build (deterministic, cached), loading full and LoRA exports, attention choice."""
+
+import logging
+
+import numpy as np
+import torch
+
+from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, \
+    load_model_and_tokenizer
+from training.processing import collate, encode_example, model_inputs
+from training.tiny import build_tiny_model
+
+
+def _batch(tok):
+    frames = np.random.default_rng(0).integers(0, 256, size=(4, 56, 56, 3), dtype=np.uint8)
+    return model_inputs(collate([encode_example(tok, frames, [0, 1, 2, 3], "q", "1.0 - 2.0 seconds")],
+                                tok.pad_token_id))
+
+
+def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_model_dir):
+    again = build_tiny_model(tmp_path / "m", seed=0)
+    assert (again / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+    assert build_tiny_model(seed=0) == tiny_model_dir  # cache hit, same directory
+
+
+def test_attention_choice_logs_one_line(caplog):
+    with caplog.at_level(logging.INFO, logger="training.modeling"):
+        assert choose_attn_implementation("auto", "cpu") == "sdpa"
+    assert [r.message for r in caplog.records] == ["attention implementation: sdpa (no CUDA device)"]
+
+
+def test_lora_export_reloads_with_identical_logits(tmp_path, tiny_model_dir):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    peft_model = apply_finetune_mode(model, "lora", lora_r=4, lora_alpha=8, freeze_vision=True)
+    trainable, total = count_parameters(peft_model)
+    assert 0 < trainable < total / 5
+    assert not any(p.requires_grad for n, p in peft_model.named_parameters() if "visual" in n)
+    with torch.no_grad():  # make the adapter non-trivial
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    peft_model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    batch = _batch(tok)
+    with torch.no_grad():
+        want = peft_model(**batch).logits
+        reloaded, _ = load_model_and_tokenizer(tmp_path / "hf")
+        got = reloaded(**batch).logits
+    assert torch.equal(want, got)

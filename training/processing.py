@@ -1,0 +1,192 @@
+"""Turn (frames, timestamps, query, answer) into Qwen2.5-VL model inputs, without transformers' video processor.
+
+transformers' video processor needs torchvision, which cannot live beside the CPU torch here (DESIGN.md §4), so
+the patchify step is ours: resize to a multiple of patch x merge (PIL bicubic, as `Qwen2VLImageProcessor`
+does), rescale, normalise with the CLIP mean/std, and the same (t, h, w) -> (merged patch) reshape. It matches
+`Qwen2VLImageProcessor` exactly (tests/training/test_processing.py).
+
+Timing reaches the model through `second_per_grid_ts` = seconds spanned by one temporal patch, computed from the
+frame timestamps actually sampled (never a configured fps). `mm_token_type_ids` marks the video tokens (2) so
+that transformers 5 builds 3-D rope positions (without it the model silently falls back to 1-D positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vtg.answer import format_answer
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class VisionParams:
+    """The vision tower's patch geometry (from `model.config.vision_config`)."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    @classmethod
+    def from_model_config(cls, config) -> VisionParams:
+        v = config.vision_config
+        return cls(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
+                   temporal_patch_size=v.temporal_patch_size)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's target size: both sides multiples of `factor`, pixels within [min, max], aspect kept."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
+
+    return hf_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    if frames.shape[1:3] == (height, width):
+        return frames
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(f).resize((width, height), resample=Image.BICUBIC))
+                     for f in frames])
+
+
+def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 RGB frames [T, H, W, 3] -> (pixel_values_videos [N, C*tp*p*p] float32, video_grid_thw [1, 3]).
+
+    Frames are padded to a multiple of the temporal patch by repeating the last one, like transformers does.
+    """
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+    factor = vp.patch_size * vp.merge_size
+    h, w = smart_resize(frames.shape[1], frames.shape[2], factor, vp.min_pixels, vp.max_pixels)
+    x = torch.from_numpy(np.ascontiguousarray(_resize_frames(frames, h, w))).permute(0, 3, 1, 2)
+    # Same arithmetic as transformers' numpy path: float64 rescale, cast to float32, then (x - mean) / std.
+    x = (x.to(torch.float64) * (1 / 255)).to(torch.float32)
+    mean = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1, 1)
+    x = (x - mean) / std
+    tp, p, m = vp.temporal_patch_size, vp.patch_size, vp.merge_size
+    if pad := -x.shape[0] % tp:
+        x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])
+    gt, gh, gw = x.shape[0] // tp, h // p, w // p
+    x = x.view(gt, tp, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(gt * gh * gw, 3 * tp * p * p).contiguous(), torch.tensor([[gt, gh, gw]])
+
+
+def seconds_per_grid(timestamps: Sequence[float], temporal_patch_size: int = 2) -> float:
+    """Seconds spanned by one temporal patch, from the timestamps actually sampled (mean frame interval)."""
+    ts = [float(t) for t in timestamps]
+    if len(ts) < 2:
+        return float(temporal_patch_size)  # a single frame carries no timing; 1 s per frame by convention
+    interval = (ts[-1] - ts[0]) / (len(ts) - 1)
+    if not np.isfinite(interval) or interval <= 0:
+        raise ValueError(f"frame timestamps must increase, got {ts[:4]}...")
+    return temporal_patch_size * interval
+
+
+def build_messages(query: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": query}]}]
+
+
+def encode_example(
+    tokenizer,
+    frames: np.ndarray,
+    timestamps: Sequence[float],
+    query: str,
+    answer: str | None,
+    *,
+    vision: VisionParams = VisionParams(),
+    max_length: int | None = None,
+    key: str = "",
+) -> dict:
+    """One example's model inputs (1-D tensors, no batch dim). `answer=None` -> a generation prompt.
+
+    `answer` is the target text, which callers build with `vtg.answer.format_answer` (see `answer_text`).
+    Labels are -100 everywhere except the answer tokens and the closing `<|im_end|>`. `max_length` truncation
+    that would cut the answer raises ValueError (the sanity checks turn it into a clear error).
+    """
+    if len(timestamps) != len(frames):
+        raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
+    pixels, grid = patchify_video(frames, vision)
+    n_video_tokens = int(grid.prod()) // (vision.merge_size ** 2)
+    video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+    prompt = tokenizer.apply_chat_template(build_messages(query), tokenize=False, add_generation_prompt=True)
+    if prompt.count(video_token) != 1:
+        raise ValueError(f"chat template must render exactly one {video_token} for a video, got "
+                         f"{prompt.count(video_token)}")
+    prompt = prompt.replace(video_token, video_token * n_video_tokens)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids: list[int] = []
+    if answer is not None:
+        answer_ids = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    ids = prompt_ids + answer_ids
+    if max_length is not None and len(ids) > max_length:
+        raise ValueError(f"{key}: example is {len(ids)} tokens > max_length {max_length}; the answer would be "
+                         "truncated (raise train.max_seq_len or use fewer/smaller frames)")
+    video_id = tokenizer.convert_tokens_to_ids(video_token)
+    input_ids = torch.tensor(ids, dtype=torch.long)
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    if answer_ids:
+        labels[len(prompt_ids):] = input_ids[len(prompt_ids):]
+    mm = torch.where(input_ids == video_id, MM_VIDEO, MM_TEXT).to(torch.int32)
+    if int((mm == MM_VIDEO).sum()) != n_video_tokens:
+        raise ValueError(f"{key}: tokenizer split the video placeholder ({int((mm == MM_VIDEO).sum())} video "
+                         f"tokens, expected {n_video_tokens})")
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "labels": labels,
+        "mm_token_type_ids": mm,
+        "pixel_values_videos": pixels,
+        "video_grid_thw": grid,
+        "second_per_grid_ts": torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)]),
+        "key": key,
+    }
+
+
+def answer_text(windows: Sequence[Sequence[float]]) -> str:
+    """Training target for a query: the first ground-truth window in the shared answer format."""
+    start, end = windows[0]
+    return format_answer(float(start), float(end))
+
+
+def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right") -> dict:
+    """Pad token tensors to the longest example; concatenate the video tensors (they are flat over patches)."""
+    if padding_side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    length = max(len(e["input_ids"]) for e in examples)
+    pad_values = {"input_ids": pad_token_id, "attention_mask": 0, "labels": IGNORE_INDEX, "mm_token_type_ids": 0}
+    batch: dict = {}
+    for name, value in pad_values.items():
+        rows = []
+        for e in examples:
+            t = e[name]
+            pad = t.new_full((length - len(t),), value)
+            rows.append(torch.cat([t, pad]) if padding_side == "right" else torch.cat([pad, t]))
+        batch[name] = torch.stack(rows)
+    batch["pixel_values_videos"] = torch.cat([e["pixel_values_videos"] for e in examples])
+    batch["video_grid_thw"] = torch.cat([e["video_grid_thw"] for e in examples])
+    batch["second_per_grid_ts"] = torch.cat([e["second_per_grid_ts"] for e in examples])
+    batch["keys"] = [e.get("key", "") for e in examples]
+    return batch
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "pixel_values_videos",
+                "video_grid_thw", "second_per_grid_ts")
+
+
+def model_inputs(batch: dict, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
+    """The tensors the model's forward takes, moved to `device` (pixels cast to `dtype` when given)."""
+    out = {k: batch[k].to(device) for k in MODEL_INPUTS if k in batch}
+    if dtype is not None and "pixel_values_videos" in out:
+        out["pixel_values_videos"] = out["pixel_values_videos"].to(dtype)
+    return out
