@@ -10,11 +10,15 @@ import re
 
 ANSWER_TEMPLATE = "{start:.1f} - {end:.1f} seconds"
 
-_NUM = r"(\d+(?::\d{1,2}){0,2}(?:\.\d+)?)"
+# A time: seconds (`12`, `12.5`), `mm:ss(.ff)` or `hh:mm:ss(.ff)`.
+_NUM = r"(?<![\d.:])(\d+(?::\d{1,2}){0,2}(?:\.\d+)?)(?![\d:])"
+_UNIT = r"(?:\s*(?:s|sec|secs|second|seconds)\b)?"
 _PATTERNS = [
-    re.compile(rf"from\s+{_NUM}\s*(?:s|sec|secs|seconds)?\s+to\s+{_NUM}", re.I),
-    re.compile(rf"between\s+{_NUM}\s*(?:s|sec|secs|seconds)?\s+and\s+{_NUM}", re.I),
-    re.compile(rf"{_NUM}\s*(?:s|sec|secs|seconds)?\s*(?:-|–|—|~|to|until|till)\s*{_NUM}", re.I),
+    re.compile(rf"\bfrom\s+{_NUM}{_UNIT}\s+(?:to|until|till|-)\s+{_NUM}", re.I),
+    re.compile(rf"\bbetween\s+{_NUM}{_UNIT}\s+and\s+{_NUM}", re.I),
+    re.compile(rf"\bstart\w*\W{{0,3}}\s*{_NUM}{_UNIT}\W{{0,3}}\s*(?:and\s+)?end\w*\W{{0,3}}\s*{_NUM}", re.I),
+    re.compile(rf"[\[(]\s*{_NUM}{_UNIT}\s*,\s*{_NUM}{_UNIT}\s*[\])]"),
+    re.compile(rf"{_NUM}{_UNIT}\s*(?:-+|–|—|~|\bto\b|\buntil\b|\btill\b)\s*{_NUM}", re.I),
 ]
 
 
@@ -23,26 +27,33 @@ def format_answer(start: float, end: float) -> str:
     return ANSWER_TEMPLATE.format(start=start, end=end)
 
 
-def _to_seconds(token: str) -> float:
-    """`12.5` -> 12.5; `1:05` -> 65; `01:02:03.5` -> 3723.5."""
+def _to_seconds(token: str) -> float | None:
+    """`12.5` -> 12.5; `1:05` -> 65; `01:02:03.5` -> 3723.5; `1:75` (a field >= 60) -> None."""
     parts = token.split(":")
     value = 0.0
-    for p in parts:
-        value = value * 60 + float(p)
+    for i, p in enumerate(parts):
+        field = float(p)
+        if i > 0 and field >= 60:
+            return None
+        value = value * 60 + field
     return value
 
 
 def parse_answer(text: str) -> tuple[float, float] | None:
     """Parse a model answer into (start, end) seconds; `None` when no span can be read.
 
-    Accepts the canonical format and common variants: `from X to Y`, `between X and Y`, `X - Y s`,
-    `X to Y seconds`, `mm:ss`, `hh:mm:ss.ff`. A reversed pair is swapped; a zero-length span is kept.
+    Accepts the canonical format and common variants: `from X to Y`, `between X and Y`, `start X end Y`,
+    `[X, Y]`, `X - Y s`, `X to Y seconds`, `mm:ss`, `hh:mm:ss.ff`. The earliest span in the text wins (a model
+    that keeps generating after its answer is still read correctly). A reversed pair is swapped; a
+    zero-length span is kept (it scores IoU 0 against any real moment).
     """
-    for pattern in _PATTERNS:
-        m = pattern.search(text)
-        if m:
-            a, b = _to_seconds(m.group(1)), _to_seconds(m.group(2))
-            if not (math.isfinite(a) and math.isfinite(b)):
-                return None
-            return (min(a, b), max(a, b))
-    return None
+    if not isinstance(text, str):
+        return None
+    matches = [m for p in _PATTERNS if (m := p.search(text))]
+    if not matches:
+        return None
+    m = min(matches, key=lambda m: m.start())
+    a, b = _to_seconds(m.group(1)), _to_seconds(m.group(2))
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return (min(a, b), max(a, b))

@@ -1,8 +1,9 @@
 """`evaluate`: per-checkpoint evaluation (mIoU, R@1 at IoU 0.3/0.5/0.7, blind baselines, report)."""
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vtg.config._base import Section
 
@@ -10,11 +11,47 @@ from vtg.config._base import Section
 class EvaluateConfig(Section):
     split: Literal["val", "test"] = "val"
     """Split evaluated per checkpoint."""
+    shards_dir: str = "data/shards"
+    """Shard root: the evaluated split, and `train/` for the moment-prior baseline."""
     out_dir: str = "reports/eval"
-    """metrics.json, predictions.jsonl and report.html."""
+    """metrics.json, predictions.jsonl, report.html, plots and steps.csv of the last evaluated checkpoint."""
+    store_dir: str = "reports/eval_runs"
+    """One directory per evaluated (checkpoint content, split, settings): makes re-evaluation a no-op."""
     batch_size: int = Field(16, ge=1)
     """Generation batch size."""
     max_new_tokens: int = Field(16, ge=1)
     """Generated tokens per answer."""
+    max_examples: int = Field(0, ge=0)
+    """Evaluate only the first N queries of the split (0: all)."""
+    device: str = "auto"
+    """`auto` (cuda when available, else cpu), `cpu` or `cuda[:i]`."""
+    iou_thresholds: list[float] = [0.3, 0.5, 0.7]
+    """R@1 is reported at each of these IoU thresholds."""
+    length_edges_s: list[float] = [10.0, 30.0]
+    """Moment-length buckets short/middle/long: short < edges[0] <= middle < edges[1] <= long (Moment-DETR)."""
+    baselines: list[Literal["prior", "blank"]] = ["prior", "blank"]
+    """Blind baselines: `prior` (best constant span from the train split's moments), `blank` (the model on blank frames)."""
+    prior_grid: int = Field(20, ge=2)
+    """The prior searches normalized (start, end) on a grid of this many steps per axis."""
     select_metric: str = "r1@0.7"
-    """Metric that picks the best checkpoint."""
+    """Metric that picks the best checkpoint (`miou` or `r1@<threshold>`)."""
+    registry_alias: str = "best"
+    """Alias of the best checkpoint's version in the MLflow model registry."""
+    report_samples: int = Field(12, ge=0)
+    """Queries drawn in the report's ground-truth vs predicted timelines."""
+    reuse: bool = True
+    """Reuse a stored result for the same checkpoint content, split and settings instead of recomputing."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvaluateConfig":
+        if any(not 0 < t <= 1 for t in self.iou_thresholds):
+            raise ValueError(f"iou_thresholds must lie in (0, 1], got {self.iou_thresholds}")
+        if len(self.length_edges_s) != 2 or not 0 < self.length_edges_s[0] < self.length_edges_s[1]:
+            raise ValueError(f"length_edges_s must be two increasing positive numbers, got {self.length_edges_s}")
+        known = ["miou"] + [f"r1@{t:g}" for t in self.iou_thresholds]
+        m = re.fullmatch(r"r1@([\d.]+)", self.select_metric)
+        if m:
+            self.__dict__["select_metric"] = f"r1@{float(m.group(1)):g}"
+        if self.select_metric not in known:
+            raise ValueError(f"select_metric {self.select_metric!r} is not one of {known}")
+        return self
