@@ -8,12 +8,12 @@ from vtg.config._base import Section
 
 
 class IngestConfig(Section):
-    annotations: list[str] = ["data/raw/synthetic/annotations.jsonl"]
-    """Annotation files to ingest (Charades-STA txt, QVHighlights jsonl, ActivityNet json, native jsonl)."""
+    annotations: list[str] = Field(default_factory=lambda: ["data/raw/synthetic/annotations"])
+    """Annotation files or directories of them (Charades-STA .txt, QVHighlights .jsonl, ActivityNet .json, native .jsonl)."""
     format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"
     """Annotation format; `auto` decides by extension and content."""
     video_root: str = "data/raw/synthetic/videos"
-    """Directory where video files are looked up by id (common extensions)."""
+    """Directory searched (recursively) for `<video_id>.{mp4,avi,mkv,webm,mov}`."""
     end_tolerance_s: float = Field(0.5, ge=0)
     """An end time up to this far beyond the video duration is clipped, not rejected."""
     out: str = "data/interim/records.jsonl"

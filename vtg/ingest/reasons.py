@@ -1,0 +1,16 @@
+"""Dead-letter reason codes (one vocabulary for ingest, its tests and the corpus ground truth)."""
+
+UNPARSABLE = "unparsable"  # not the format's syntax, a missing/ill-typed field, no window
+UNKNOWN_FORMAT = "unknown_format"  # valid JSON, but none of the known formats' fields
+EMPTY_QUERY = "empty_query"
+NOT_FINITE = "not_finite"  # NaN or infinite start/end
+NEGATIVE_START = "negative_start"
+START_GE_END = "start_ge_end"
+MISSING_VIDEO = "missing_video"  # no file with this id under ingest.video_root (any common extension)
+BAD_DURATION = "bad_duration"  # the annotation's duration is missing, non-finite or <= 0
+UNPROBEABLE_VIDEO = "unprobeable_video"  # Charades only (no durations in the file): OpenCV cannot read the video
+END_BEYOND_DURATION = "end_beyond_duration"  # end > duration + ingest.end_tolerance_s
+DUPLICATE_ANNOTATION_ID = "duplicate_annotation_id"  # an earlier item already used this annotation id
+
+REASONS = (UNPARSABLE, UNKNOWN_FORMAT, EMPTY_QUERY, NOT_FINITE, NEGATIVE_START, START_GE_END, MISSING_VIDEO,
+           BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID)

@@ -1,0 +1,52 @@
+"""Find video files by id under the video root, and probe durations (only Charades needs it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # probing corrupt files is expected: no FFmpeg noise
+import cv2
+
+from vtg.errors import VTGError
+
+VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov")
+
+
+class VideoIndex:
+    """`<root>/**/<video_id><ext>` for the common extensions, built with one directory walk."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise VTGError(f"{self.root}: video root does not exist; set ingest.video_root=<directory of videos>")
+        rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
+        found: dict[str, tuple[int, str]] = {}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                stem, ext = os.path.splitext(name)
+                if ext.lower() in rank:
+                    key = (rank[ext.lower()], os.path.join(dirpath, name))
+                    found[stem] = min(found.get(stem, key), key)
+        self.paths = {stem: Path(p).as_posix() for stem, (_, p) in found.items()}
+
+    def locate(self, video_id: str) -> str | None:
+        return self.paths.get(video_id)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def probe_duration(path: str) -> tuple[float | None, str]:
+    """(duration in seconds, "") from the container's frame count and fps, or (None, why not)."""
+    cap = cv2.VideoCapture(path)
+    try:
+        if not cap.isOpened():
+            return None, "OpenCV cannot open it (empty, truncated or not a video)"
+        frames, fps = cap.get(cv2.CAP_PROP_FRAME_COUNT), cap.get(cv2.CAP_PROP_FPS)
+        if not (frames > 0 and fps > 0):
+            return None, f"no frame count/fps in the container (frames={frames}, fps={fps})"
+        return frames / fps, ""
+    finally:
+        cap.release()
