@@ -2,8 +2,14 @@ import math
 
 import pytest
 
-from evaluation.metrics import (best_iou, breakdown_by_key, breakdown_by_length, length_bucket, summarize,
-                                temporal_iou)
+from evaluation.metrics import (
+    best_iou,
+    breakdown_by_key,
+    breakdown_by_length,
+    length_bucket,
+    summarize,
+    temporal_iou,
+)
 
 
 @pytest.mark.parametrize("a, b, iou", [

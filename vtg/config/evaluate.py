@@ -25,11 +25,11 @@ class EvaluateConfig(Section):
     """Evaluate only the first N queries of the split (0: all)."""
     device: str = "auto"
     """`auto` (cuda when available, else cpu), `cpu` or `cuda[:i]`."""
-    iou_thresholds: list[float] = [0.3, 0.5, 0.7]
+    iou_thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])
     """R@1 is reported at each of these IoU thresholds."""
-    length_edges_s: list[float] = [10.0, 30.0]
+    length_edges_s: list[float] = Field(default_factory=lambda: [10.0, 30.0])
     """Moment-length buckets short/middle/long: short < edges[0] <= middle < edges[1] <= long (Moment-DETR)."""
-    baselines: list[Literal["prior", "blank"]] = ["prior", "blank"]
+    baselines: list[Literal["prior", "blank"]] = Field(default_factory=lambda: ["prior", "blank"])
     """Blind baselines: `prior` (best constant span from the train split's moments), `blank` (the model on blank frames)."""
     prior_grid: int = Field(20, ge=2)
     """The prior searches normalized (start, end) on a grid of this many steps per axis."""

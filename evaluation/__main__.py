@@ -1,0 +1,49 @@
+"""`python -m evaluation --checkpoint <dir> --split val|test [KEY=VALUE ...]`: evaluate one checkpoint.
+
+Runs in its own process (another node than training is fine: it needs only the checkpoint directory and the
+shards). Prints the model's metrics next to the blind baselines and the paths of the outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+
+
+def _print_summary(res) -> None:
+    s = res.result["summary"]
+    names = [k for k in s["model"] if k == "miou" or k.startswith("r1@")]
+    rows = [("model", s["model"]), *((f"{k} (blind)", v) for k, v in s["baselines"].items()),
+            ("visual gain", s["visual_gain"])]
+    print(f"{res.result['checkpoint_name']} (step {res.result['step']}) on {res.result['split']}: "
+          f"{s['counts']['scored']} queries, parse failures {s['model']['parse_failure_rate']:.1%}, "
+          f"eval loss {s['model']['eval_loss']:.4f}" + (" [reused stored result]" if res.reused else ""))
+    print(f"{'':<16}" + "".join(f"{n:>10}" for n in names))
+    for label, values in rows:
+        print(f"{label:<16}" + "".join(f"{values.get(n, float('nan')):>10.3f}" for n in names))
+    print(f"report: {res.report}\noutputs: {res.out_dir}")
+    if res.selection.get("best"):
+        print(f"best checkpoint: {res.selection['best']} "
+              f"(registry version {res.selection.get('registered_version', '-')})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_arg_parser(
+        "Evaluate one training checkpoint: batched greedy generation on a split's shards, answer parsing, "
+        "mIoU and R@1 at IoU thresholds, blind baselines (moment prior, blank frames), an HTML report, an "
+        "MLflow run linked to the training run, and the best-checkpoint pointer and registry alias.")
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint step dir, a `latest`/`best` pointer, or a checkpoint root (-> latest)")
+    parser.add_argument("--split", choices=["val", "test"], default=None,
+                        help="split to evaluate (default: evaluate.split)")
+    args = parser.parse_args(argv)
+    cfg = resolve_config(args)
+    from evaluation.api import evaluate_checkpoint
+
+    _print_summary(evaluate_checkpoint(args.checkpoint, args.split, cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

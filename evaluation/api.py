@@ -1,0 +1,152 @@
+"""Evaluate a checkpoint by path: the one call the CLI, DVC and the orchestrator's event trigger share.
+
+`evaluate_checkpoint(path, split, cfg)` validates the checkpoint (a half-written or corrupt one is a one-line
+`VTGError`, and nothing is logged or registered), reuses a stored result for the same checkpoint content,
+split, settings and eval data (idempotent), else evaluates it, stores the result, logs an MLflow run, and then,
+under a lock: refreshes the stage outputs (`evaluate.out_dir`), the step curve, and the best-checkpoint pointer
+and registry alias.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evaluation import store, tracking
+from evaluation.core import evaluate_export
+from evaluation.metrics import metric_name
+from evaluation.registry import select_best
+from evaluation.report import PLOTS, plot_step_curve, write_report
+from vtg.config import PipelineConfig, load_config
+from vtg.lineage import file_digest, tree_digest
+from vtg.shards import list_shards
+
+log = logging.getLogger(__name__)
+
+# Settings that do not change what is computed (where it is written, how fast, how it is drawn).
+_NON_SEMANTIC = {"out_dir", "store_dir", "device", "reuse", "report_samples", "batch_size", "split", "registry_alias"}
+PUBLISHED = (store.RESULT_FILE, store.PREDICTIONS_FILE, "report.html", *PLOTS)
+STEPS_FILE = "steps.csv"
+
+
+@dataclass
+class EvaluationResult:
+    result: dict
+    """Everything in metrics.json: checkpoint, step, split, lineage, summary (model, baselines, gain, ...)."""
+    entry_dir: Path
+    """Where this evaluation is stored (metrics.json, predictions.jsonl, report.html, plots)."""
+    out_dir: Path
+    """The stage's fixed outputs (the last evaluated checkpoint) plus steps.csv."""
+    reused: bool
+    """True when a stored result was returned instead of evaluating again."""
+    selection: dict = field(default_factory=dict)
+    """Best-checkpoint decision: best checkpoint, pointer moved, registered version."""
+
+    @property
+    def metrics(self) -> dict:
+        return self.result["summary"]["model"]
+
+    @property
+    def report(self) -> Path:
+        return self.entry_dir / "report.html"
+
+
+def _metric_names(cfg: PipelineConfig) -> list[str]:
+    return ["miou"] + [metric_name(t) for t in cfg.evaluate.iou_thresholds]
+
+
+def settings_hash(cfg: PipelineConfig) -> str:
+    semantic = cfg.evaluate.model_dump(mode="json", exclude=_NON_SEMANTIC)
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _data_digest(cfg: PipelineConfig, split: str) -> str:
+    splits = [split] + (["train"] if "prior" in cfg.evaluate.baselines else [])
+    h = hashlib.sha256()
+    for s in splits:
+        for shard in list_shards(cfg.evaluate.shards_dir, s):
+            h.update(f"{s}/{Path(shard).name}:{file_digest(shard)}\n".encode())
+    return h.hexdigest()
+
+
+def _checkpoint_digest(ckpt: Path) -> str:
+    from training.checkpoint import HF_DIR, META_FILE
+
+    return hashlib.sha256(f"{tree_digest(ckpt / HF_DIR)}:{file_digest(ckpt / META_FILE)}".encode()).hexdigest()
+
+
+def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
+    return {
+        "key": key, "checkpoint": str(ckpt), "checkpoint_name": ckpt.name, "checkpoint_digest": digests[0],
+        "step": int(meta["step"]), "split": split, "train_run_id": meta.get("mlflow_run_id") or None,
+        "lineage": meta.get("mlflow_run_id") or str(ckpt.parent), "data_version": meta.get("data_version"),
+        "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
+        "select_metric": cfg.evaluate.select_metric,
+    }
+
+
+def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
+    from training.checkpoint import HF_DIR
+
+    ev = cfg.evaluate
+    summary, predictions = evaluate_export(ckpt / HF_DIR, ev, split)  # raises before anything is logged
+    result = {**_new_result(ckpt, meta, split, cfg, key, digests), "summary": summary,
+              "select_value": summary["model"][ev.select_metric]}
+    entry = store.entry_dir(ev.store_dir, split, ckpt.name, key)
+    run_id = tracking.start_eval_run(cfg.tracking, result) if cfg.tracking.enabled else None
+    try:
+        result["mlflow_run_id"] = run_id
+        store.save_predictions(entry, predictions)
+        past = store.history(ev.store_dir, split, result["lineage"], result["settings_hash"])
+        runs = [r for r in past if r["step"] != result["step"]] + [result]
+        write_report(entry, result, predictions, store.step_rows(runs, _metric_names(cfg), ev.select_metric),
+                     ev.iou_thresholds, ev.report_samples)
+        store.write_json_atomic(entry / store.RESULT_FILE, result)  # last: marks the entry complete
+        if run_id:
+            params = {f"evaluate.{k}": v for k, v in ev.model_dump(mode="json").items()}
+            tracking.finish_eval_run(cfg.tracking, run_id, result, entry, params)
+            tracking.log_to_train_run(cfg.tracking, result)
+    except BaseException:
+        if run_id:
+            tracking.fail_eval_run(cfg.tracking, run_id)
+        raise
+    return result
+
+
+def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
+    """Stage outputs, step curve, best pointer and registry alias (under the store lock)."""
+    ev = cfg.evaluate
+    out = Path(ev.out_dir)
+    metrics = _metric_names(cfg)
+    with store.locked(ev.store_dir):
+        runs = store.history(ev.store_dir, result["split"], result["lineage"], result["settings_hash"])
+        rows = store.step_rows(runs, metrics, ev.select_metric)
+        store.publish(entry, out, PUBLISHED)
+        store.write_steps_csv(out / STEPS_FILE, rows)
+        plot_step_curve(rows, metrics, result["summary"]["baselines"], ev.select_metric, out / "step_curve.png")
+        return select_best(cfg.tracking, ev, runs)
+
+
+def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
+                        cfg: PipelineConfig | None = None) -> EvaluationResult:
+    """Evaluate one checkpoint (a step dir, a `latest`/`best` pointer, or a checkpoint root) on `split`."""
+    from training.checkpoint import read_checkpoint_meta, resolve_checkpoint
+
+    cfg = cfg or load_config()
+    split = split or cfg.evaluate.split
+    meta = read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
+    ckpt = resolve_checkpoint(checkpoint_dir)
+    digests = (_checkpoint_digest(ckpt), _data_digest(cfg, split))
+    key = store.eval_key(digests[0], split, settings_hash(cfg), digests[1])
+    found = store.find(cfg.evaluate.store_dir, split, key) if cfg.evaluate.reuse else None
+    if found is not None:
+        log.info("reusing stored evaluation of %s on %s: %s", ckpt.name, split, found)
+        result, entry, reused = store.load_result(found), found, True
+    else:
+        result = _evaluate_new(ckpt, meta, split, cfg, key, digests)
+        entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, ckpt.name, key), False
+    selection = _refresh_outputs(cfg, result, entry)
+    return EvaluationResult(result, entry, Path(cfg.evaluate.out_dir), reused, selection)

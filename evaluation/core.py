@@ -1,0 +1,135 @@
+"""Evaluate one model export on one split: generation, eval loss, blind baselines, metrics. No side effects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from evaluation.baselines import fit_prior, prior_prediction
+from evaluation.data import EvalExample, ReadStats, iter_examples, iter_spans
+from evaluation.metrics import metric_name
+from evaluation.predict import run_batches
+from evaluation.scoring import aggregate, breakdowns, score_answers, score_spans, visual_gain
+from vtg.config import EvaluateConfig
+from vtg.errors import VTGError
+from vtg.shards import list_shards
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise VTGError(f"evaluate.device={device} but no CUDA device is available; use auto or cpu")
+    return device
+
+
+def _batched(examples: Iterator[EvalExample], size: int) -> Iterator[list[EvalExample]]:
+    batch: list[EvalExample] = []
+    for ex in examples:
+        batch.append(ex)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _select_threshold(select_metric: str) -> float | None:
+    return float(select_metric.split("@")[1]) if select_metric.startswith("r1@") else None
+
+
+def fit_prior_from_train(cfg: EvaluateConfig) -> tuple[tuple[float, float], dict]:
+    """The moment prior from the train split's shards (JSON members only)."""
+    stats = ReadStats()
+    moments = list(iter_spans(list_shards(cfg.shards_dir, "train"), stats))
+    if not moments:
+        raise VTGError(f"{cfg.shards_dir}/train: no readable queries to fit the moment prior on")
+    span, fit = fit_prior(moments, _select_threshold(cfg.select_metric), cfg.prior_grid)
+    fit["skipped"] = dict(stats.skipped)
+    return span, fit
+
+
+def _run_model(model, tokenizer, examples: list[EvalExample], cfg: EvaluateConfig, device: str, blank: bool,
+               desc: str) -> tuple[list[str], float]:
+    answers: list[str] = []
+    loss_sum, loss_tokens = 0.0, 0
+    batches = [examples[i:i + cfg.batch_size] for i in range(0, len(examples), cfg.batch_size)]
+    for out in tqdm(run_batches(model, tokenizer, batches, device, cfg.max_new_tokens, blank=blank),
+                    total=len(batches), desc=desc, unit="batch", leave=False):
+        answers.extend(out.answers)
+        loss_sum += out.loss_sum
+        loss_tokens += out.loss_tokens
+    return answers, loss_sum / max(loss_tokens, 1)
+
+
+def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tuple[dict, list[dict]]:
+    """(metrics summary, prediction rows) of the HF export `hf_dir` on `split`."""
+    from training.modeling import load_model_and_tokenizer
+
+    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    stats = ReadStats()
+    examples = list(iter_examples(list_shards(cfg.shards_dir, split), stats, cfg.max_examples))
+    if not examples:
+        raise VTGError(f"{cfg.shards_dir}/{split}: no readable queries to evaluate "
+                       f"(skipped: {dict(stats.skipped) or 'none'})")
+    try:
+        model, tokenizer = load_model_and_tokenizer(hf_dir, device=device)
+    except VTGError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a truncated safetensors file, a mismatched config...: one clear line
+        raise VTGError(f"{hf_dir}: cannot load the checkpoint's model export "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                       "is the checkpoint half-written or corrupt?") from None
+    thresholds = cfg.iou_thresholds
+    gts = [ex.windows for ex in examples]
+    answers, loss = _run_model(model, tokenizer, examples, cfg, device, blank=False, desc=f"eval {split}")
+    rows = score_answers(answers, gts)
+    model_metrics = {**aggregate(rows, thresholds), "eval_loss": loss}
+    t_model = time.perf_counter() - t0
+
+    baselines: dict[str, dict] = {}
+    blank_rows = prior_rows = None
+    if "blank" in cfg.baselines:
+        blank_answers, blank_loss = _run_model(model, tokenizer, examples, cfg, device, blank=True,
+                                               desc="blank frames")
+        blank_rows = score_answers(blank_answers, gts)
+        baselines["blank"] = {**aggregate(blank_rows, thresholds), "eval_loss": blank_loss}
+    if "prior" in cfg.baselines:
+        span, fit = fit_prior_from_train(cfg)
+        prior_rows = score_spans([prior_prediction(span, ex.duration_s) for ex in examples], gts)
+        baselines["prior"] = {**aggregate(prior_rows, thresholds), "span_normalized": list(span), "fit": fit}
+
+    names = ["miou"] + [metric_name(t) for t in thresholds]
+    gain, best_blind = visual_gain(model_metrics, baselines, names)
+    predictions = []
+    for i, (ex, row) in enumerate(zip(examples, rows)):
+        pred = {"key": ex.key, "query": ex.query, "source": ex.source, "duration_s": ex.duration_s,
+                "gt": [list(w) for w in ex.windows], "raw": row["raw"], "pred": row["pred"],
+                "parsed": row["pred"] is not None, "iou": row["iou"], "best_gt": row["best_gt"]}
+        if blank_rows:
+            pred.update(blank_raw=blank_rows[i]["raw"], blank_pred=blank_rows[i]["pred"],
+                        blank_iou=blank_rows[i]["iou"])
+        if prior_rows:
+            pred.update(prior_pred=prior_rows[i]["pred"], prior_iou=prior_rows[i]["iou"])
+        predictions.append(pred)
+    elapsed = time.perf_counter() - t0
+    summary = {
+        "model": model_metrics,
+        "baselines": baselines,
+        "visual_gain": gain,
+        "best_blind_baseline": best_blind,
+        **breakdowns(rows, gts, [ex.source for ex in examples], thresholds, cfg.length_edges_s),
+        "counts": {"samples": stats.samples, "queries": stats.queries, "scored": len(rows),
+                   "skipped": dict(stats.skipped)},
+        "timing": {"seconds": elapsed, "model_seconds": t_model, "queries_per_s": len(rows) / max(t_model, 1e-9),
+                   "device": device},
+    }
+    return summary, predictions

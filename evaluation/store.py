@@ -1,0 +1,120 @@
+"""The evaluation store: one directory per (checkpoint content, split, settings, eval data), written atomically.
+
+`<store_dir>/<split>/<checkpoint name>-<key[:16]>/` holds metrics.json (written last: its presence marks a
+complete evaluation), predictions.jsonl and the report. A second evaluation of the same checkpoint content
+finds it by key and reuses it. The step curve (`steps.csv`) is rebuilt from the store, never appended, so
+concurrent evaluations of different checkpoints cannot corrupt it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from vtg.records import read_jsonl, write_jsonl
+
+RESULT_FILE = "metrics.json"
+PREDICTIONS_FILE = "predictions.jsonl"
+
+
+def eval_key(checkpoint_digest: str, split: str, settings_hash: str, data_digest: str) -> str:
+    blob = json.dumps([checkpoint_digest, split, settings_hash, data_digest])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def entry_dir(store_dir: str | Path, split: str, checkpoint_name: str, key: str) -> Path:
+    return Path(store_dir) / split / f"{checkpoint_name}-{key[:16]}"
+
+
+def find(store_dir: str | Path, split: str, key: str) -> Path | None:
+    """The complete entry with this key, or None."""
+    for p in (Path(store_dir) / split).glob(f"*-{key[:16]}"):
+        result = p / RESULT_FILE
+        if result.is_file() and json.loads(result.read_text()).get("key") == key:
+            return p
+    return None
+
+
+def load_result(entry: Path) -> dict:
+    return json.loads((entry / RESULT_FILE).read_text())
+
+
+def load_predictions(entry: Path) -> list[dict]:
+    return list(read_jsonl(entry / PREDICTIONS_FILE))
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def save_predictions(entry: Path, predictions: Sequence[dict]) -> None:
+    entry.mkdir(parents=True, exist_ok=True)
+    tmp = entry / f".{PREDICTIONS_FILE}.tmp"
+    write_jsonl(tmp, predictions)
+    os.replace(tmp, entry / PREDICTIONS_FILE)
+
+
+def history(store_dir: str | Path, split: str, lineage: str, settings_hash: str) -> list[dict]:
+    """Results of every evaluated checkpoint of the same lineage (training run) and settings, by step."""
+    out: dict[int, dict] = {}
+    for f in sorted((Path(store_dir) / split).glob(f"*/{RESULT_FILE}"), key=lambda p: p.stat().st_mtime):
+        r = json.loads(f.read_text())
+        if r.get("lineage") == lineage and r.get("settings_hash") == settings_hash:
+            out[r["step"]] = r
+    return [out[s] for s in sorted(out)]
+
+
+def step_rows(results: Sequence[dict], metrics: Sequence[str], select: str) -> list[dict]:
+    rows = []
+    for r in results:
+        s = r["summary"]
+        row = {"step": r["step"], "checkpoint": r["checkpoint_name"]}
+        row.update({m: s["model"][m] for m in metrics})
+        row["parse_failure_rate"] = s["model"].get("parse_failure_rate", 0.0)
+        row["eval_loss"] = s["model"].get("eval_loss", float("nan"))
+        row.update({f"{name}_{select}": b[select] for name, b in s["baselines"].items() if select in b})
+        rows.append(row)
+    return rows
+
+
+def write_steps_csv(path: Path, rows: Sequence[dict]) -> None:
+    """Metric vs training step (DVC `plots`: x=step)."""
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields or ["step"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    os.replace(tmp, path)
+
+
+def publish(entry: Path, out_dir: Path, names: Sequence[str]) -> None:
+    """Copy an entry's files into the stage's fixed output folder (what DVC tracks)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if (entry / name).is_file():
+            tmp = out_dir / f".{name}.tmp"
+            shutil.copyfile(entry / name, tmp)
+            os.replace(tmp, out_dir / name)
+
+
+@contextlib.contextmanager
+def locked(store_dir: str | Path) -> Iterator[None]:
+    """Serialize the best-checkpoint decision and the output refresh across concurrent evaluations."""
+    Path(store_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(store_dir) / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,145 @@
+"""End to end: tiny checkpoints honouring training's contract, evaluated through the API and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_checkpoint
+
+from evaluation.__main__ import main
+from evaluation.api import evaluate_checkpoint
+from vtg.cli_common import run_cli
+from vtg.config import PipelineConfig
+from vtg.errors import VTGError
+from vtg.lineage import TAG_CHECKPOINT, TAG_DATA_VERSION, TAG_STAGE, TAG_STEP, TAG_TRAIN_RUN
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, shards_dir):
+    import mlflow
+
+    tmp = tmp_path_factory.mktemp("eval_e2e")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    cfg = PipelineConfig.model_validate({
+        "evaluate": {"shards_dir": str(shards_dir), "out_dir": str(tmp / "reports/eval"),
+                     "store_dir": str(tmp / "reports/eval_runs"), "batch_size": 3, "max_new_tokens": 12,
+                     "device": "cpu", "report_samples": 4},
+        "tracking": {"tracking_uri": uri, "experiment": "eval-test", "registered_model": "vtg-test"},
+    })
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    train_run = client.create_run(client.create_experiment("train-test")).info.run_id
+    root = tmp / "checkpoints"
+    ckpts = [make_checkpoint(root, 0, shards_dir, 0, train_run), make_checkpoint(root, 30, shards_dir, 30, train_run)]
+    return {"cfg": cfg, "client": client, "train_run": train_run, "root": root, "ckpts": ckpts, "tmp": tmp}
+
+
+def _eval_runs(client) -> list:
+    exp = client.get_experiment_by_name("eval-test")
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+def _versions(client) -> list:
+    return client.search_model_versions("name='vtg-test'")
+
+
+def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env):
+    cfg, client = env["cfg"], env["client"]
+    results = [evaluate_checkpoint(c, "val", cfg) for c in env["ckpts"]]
+    for res, ckpt in zip(results, env["ckpts"]):
+        r, s = res.result, res.result["summary"]
+        assert not res.reused and r["step"] == int(ckpt.name.split("-")[1])
+        assert s["counts"] == {"samples": 3, "queries": 4, "scored": 4, "skipped": {}}
+        assert set(s["baselines"]) == {"prior", "blank"}
+        for m in ("miou", "r1@0.3", "r1@0.5", "r1@0.7"):
+            assert 0 <= s["model"][m] <= 1
+            best_blind = max(b[m] for b in s["baselines"].values())
+            assert s["visual_gain"][m] == pytest.approx(s["model"][m] - best_blind)
+        assert s["model"]["eval_loss"] > 0 and 0 <= s["model"]["parse_failure_rate"] <= 1
+        preds = [json.loads(line) for line in (res.entry_dir / "predictions.jsonl").read_text().splitlines()]
+        assert len(preds) == 4 and {"query", "gt", "raw", "pred", "iou", "blank_iou", "prior_iou"} <= set(preds[0])
+        assert s["model"]["miou"] == pytest.approx(sum(p["iou"] for p in preds) / 4)
+        html = res.report.read_text()
+        images = re.findall(r'<img src="([^"]+)"', html)
+        assert len(images) == 4 and all((res.entry_dir / img).stat().st_size > 1000 for img in images)
+        run = client.get_run(r["mlflow_run_id"])
+        assert run.data.tags[TAG_STAGE] == "evaluate" and run.data.tags[TAG_TRAIN_RUN] == env["train_run"]
+        assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
+        assert run.data.tags[TAG_DATA_VERSION] == "fixture-data"
+        assert run.data.metrics["eval/r1_at_0.7"] == s["model"]["r1@0.7"]
+    trained = results[1].metrics
+    assert trained["parse_failure_rate"] < 1, "30 steps of training should teach the answer format"
+
+    # The training run shows eval curves: one point per evaluated checkpoint, at its step.
+    history = client.get_metric_history(env["train_run"], "eval/miou")
+    assert sorted(m.step for m in history) == [0, 30]
+
+    # Stage outputs: the last evaluated checkpoint, and the step curve over both.
+    out = Path(cfg.evaluate.out_dir)
+    assert json.loads((out / "metrics.json").read_text())["step"] == 30
+    rows = list(csv.DictReader((out / "steps.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 30] and "prior_r1@0.7" in rows[0]
+    for f in ("report.html", "step_curve.png", "iou_hist.png", "timelines.png", "baselines.png", "predictions.jsonl"):
+        assert (out / f).is_file()
+
+    # Best checkpoint: by r1@0.7, then mIoU, then the later step.
+    expected = max(results, key=lambda x: (x.metrics["r1@0.7"], x.metrics["miou"], x.result["step"]))
+    version = client.get_model_version_by_alias("vtg-test", "best")
+    assert version.tags[TAG_CHECKPOINT] == expected.result["checkpoint"]
+    assert version.source == str(Path(expected.result["checkpoint"]) / "hf")
+    assert (env["root"] / "best").resolve() == Path(expected.result["checkpoint"])
+    assert results[1].selection["best"] == expected.result["checkpoint"]
+
+
+def test_second_call_reuses_the_stored_result(env):
+    cfg, client = env["cfg"], env["client"]
+    runs, versions = len(_eval_runs(client)), len(_versions(client))
+    again = evaluate_checkpoint(env["root"] / "latest", "val", cfg)
+    assert again.reused and again.result["checkpoint"] == str(env["ckpts"][1])
+    first = json.loads((again.entry_dir / "metrics.json").read_text())
+    assert again.result == first
+    assert len(_eval_runs(client)) == runs and len(_versions(client)) == versions
+
+
+@pytest.mark.parametrize("damage", ["half_written", "truncated_weights", "corrupt_meta"])
+def test_corrupt_checkpoint_is_a_clear_error_and_registers_nothing(env, damage, capsys):
+    cfg, client = env["cfg"], env["client"]
+    runs, versions = len(_eval_runs(client)), len(_versions(client))
+    bad = env["tmp"] / f"bad-{damage}" / "step-000040"
+    shutil.copytree(env["ckpts"][0], bad)
+    if damage == "half_written":
+        (bad / "meta.json").unlink()
+    elif damage == "truncated_weights":
+        weights = next((bad / "hf").glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        (bad / "meta.json").write_text('{"step": 40,')
+    with pytest.raises(VTGError) as e:
+        evaluate_checkpoint(bad, "val", cfg)
+    assert "\n" not in str(e.value) and str(bad) in str(e.value)
+    overrides = [f"evaluate.{k}={v}" for k, v in cfg.evaluate.model_dump().items() if k.endswith("_dir")]
+    overrides.append(f"tracking.tracking_uri={cfg.tracking.tracking_uri}")
+    assert run_cli(main, ["--checkpoint", str(bad), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    assert len(_eval_runs(client)) == runs and len(_versions(client)) == versions
+    assert not list(Path(cfg.evaluate.store_dir).glob("val/step-000040-*"))
+
+
+def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
+    cfg, client = env["cfg"], env["client"]
+    before = client.get_model_version_by_alias("vtg-test", "best").version
+    overrides = [f"evaluate.{k}={v}" for k, v in cfg.evaluate.model_dump().items()
+                 if k in ("shards_dir", "out_dir", "store_dir", "batch_size", "max_new_tokens", "device")]
+    overrides += [f"tracking.{k}={v}" for k, v in cfg.tracking.model_dump().items()]
+    assert run_cli(main, ["--checkpoint", str(env["root"]), "--split", "test", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "step 30) on test" in out and "prior (blind)" in out and "visual gain" in out
+    assert client.get_model_version_by_alias("vtg-test", "best").version == before
