@@ -57,3 +57,8 @@ def git_commit(cwd: str | Path | None = None) -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+# Set by the orchestrator for the training process: where the checkpoint hook reports saved checkpoints.
+ENV_CHECKPOINT_QUEUE = "VTG_CHECKPOINT_QUEUE"  # jsonl file the embedded evaluator follows
+ENV_CHECKPOINT_EVENTS = "VTG_CHECKPOINT_EVENTS"  # "1": also emit Prefect `checkpoint.saved` events
+CHECKPOINT_EVENT = "checkpoint.saved"

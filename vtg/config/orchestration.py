@@ -1,12 +1,58 @@
-"""`orchestration`: Prefect flows, deployments and DVC remote."""
+"""`orchestration`: Prefect flows and deployments, per-checkpoint evaluation, DVC versioning of the shards."""
+
+from typing import Literal
+
+from pydantic import Field
 
 from vtg.config._base import Section
+
+
+class StageEntryPoints(Section):
+    corpus: str = "vtg.corpus"
+    """Module run as `python -m <module>` to build the synthetic corpus."""
+    ingest: str = "vtg.ingest"
+    """Module that ingests annotations into canonical records."""
+    preprocess: str = "beam_jobs.preprocess"
+    """Module of the Beam preprocessing job."""
+    train: str = "training"
+    """Module of the training entry point (launched by `train_launcher`)."""
+    evaluate: str = "evaluation"
+    """Module of the evaluation CLI (`--checkpoint DIR --split S`)."""
+    evaluate_api: str = "evaluation.api:evaluate_checkpoint"
+    """`module:function` called as `fn(checkpoint_dir, split, cfg)` by the per-checkpoint evaluator."""
 
 
 class OrchestrationConfig(Section):
     flow_name: str = "post-training"
     """Prefect flow name (deployments are `post-training/<name>`)."""
+    deployment_name: str = "default"
+    """Name of the served post-training deployment (`prefect deployment run 'post-training/default'`)."""
+    stages: StageEntryPoints = StageEntryPoints()
+    """Entry points of the stages; swap a module to plug in another implementation."""
+    build_corpus: bool = True
+    """Build the synthetic corpus first; false when `ingest.annotations` point at real data."""
+    train_launcher: Literal["auto", "python", "deepspeed", "torchrun"] = "auto"
+    """How training is started: `auto` = one process for one rank, the deepspeed launcher with GPUs, torchrun on CPU."""
+    task_retries: int = Field(2, ge=0)
+    """Retries of the steps where a retry can help (DVC push, evaluation, report)."""
+    retry_delay_s: float = Field(5.0, ge=0)
+    """First retry delay; later retries back off exponentially."""
+    dvc_version: bool = True
+    """Record the shards in dvc.lock (`dvc commit`) and push them to `dvc_remote` after preprocessing."""
     dvc_remote: str = "local"
-    """DVC remote the shards are pushed to."""
+    """DVC remote the shards are pushed to (`.dvc/config`; S3/GCS in production, see README)."""
     eval_concurrently: bool = True
-    """Evaluate every checkpoint while training continues (separate process)."""
+    """Evaluate every checkpoint while training continues (separate process, or event-triggered runs when served)."""
+    eval_trigger: Literal["auto", "embedded", "events"] = "auto"
+    """`embedded`: a local evaluator process; `events`: `checkpoint.saved` events trigger the served deployment;
+    `auto`: events when a Prefect server is configured (PREFECT_API_URL) and the deployment exists."""
+    eval_deployment: str = "evaluate-checkpoint/on-checkpoint-saved"
+    """Deployment triggered by `checkpoint.saved` events."""
+    eval_wait_s: float = Field(1800.0, gt=0)
+    """How long the flow waits for outstanding checkpoint evaluations after training ends."""
+    report_path: str = "reports/pipeline_report.md"
+    """Final run report (markdown): lineage, shard manifest, metrics per checkpoint, links."""
+    prefect_port: int = Field(4200, ge=1, le=65535)
+    """Port of the Prefect server that `make serve` starts on 127.0.0.1."""
+    serve_poll_s: float = Field(2.0, gt=0)
+    """How often served deployments poll for scheduled runs (Prefect's default is 10 s)."""

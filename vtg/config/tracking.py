@@ -1,5 +1,7 @@
 """`tracking`: MLflow lineage and metrics."""
 
+from pydantic import Field
+
 from vtg.config._base import Section
 
 
@@ -12,3 +14,7 @@ class TrackingConfig(Section):
     """Model registry name for the best checkpoint."""
     enabled: bool = True
     """Turn MLflow logging off (e.g. for quick debugging)."""
+    artifacts_dir: str = "mlartifacts"
+    """Artifact root of the MLflow server that `make serve` starts."""
+    server_port: int = Field(5000, ge=1, le=65535)
+    """Port of the MLflow server that `make serve` starts on 127.0.0.1."""

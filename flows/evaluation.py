@@ -1,0 +1,138 @@
+"""Per-checkpoint evaluation: the `evaluate-checkpoint` flow (served deployment, event-triggered) and the embedded
+evaluator process (`python -m flows.evaluation --queue FILE`) that runs the same flow while training continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+
+from vtg import lineage
+from vtg.cli_common import run_cli
+from vtg.config import PipelineConfig, load_config
+from vtg.errors import VTGError
+
+from flows.events import append_jsonl
+
+log = logging.getLogger(__name__)
+RESULTS_FILE = "checkpoint_evals.jsonl"
+
+
+def results_path(cfg: PipelineConfig) -> Path:
+    """Every per-checkpoint evaluation appends one line here (the report and the waiting flow read it)."""
+    return Path(cfg.evaluate.out_dir) / RESULTS_FILE
+
+
+def checkpoint_config(checkpoint_dir: str | Path, params: str = "params.yaml") -> PipelineConfig:
+    """The resolved config the checkpoint was trained with (its `config.json`), else params.yaml."""
+    path = Path(checkpoint_dir) / "config.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        try:
+            return PipelineConfig.model_validate(data.get("pipeline", data))
+        except ValueError as e:
+            log.warning("%s is not a valid pipeline config (%s); using %s", path, str(e).splitlines()[:3], params)
+    return load_config(params)
+
+
+def resolve_callable(spec: str):
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise VTGError(f"cannot import evaluation API {spec!r} ({e}); check orchestration.stages.evaluate_api")
+
+
+def as_metrics(result: Any) -> dict[str, Any]:
+    """Whatever the evaluation API returns (dict, pydantic model, dataclass) as a flat dict."""
+    if hasattr(result, "model_dump"):
+        result = result.model_dump(mode="json")
+    elif hasattr(result, "__dataclass_fields__"):
+        import dataclasses
+
+        result = dataclasses.asdict(result)
+    return dict(result) if isinstance(result, dict) else {"result": str(result)}
+
+
+@task(name="evaluate-checkpoint-api", retries=1, retry_delay_seconds=5)
+def run_evaluation_api(cfg: PipelineConfig, checkpoint_dir: str, split: str) -> dict[str, Any]:
+    fn = resolve_callable(cfg.orchestration.stages.evaluate_api)
+    return as_metrics(fn(checkpoint_dir, split, cfg))
+
+
+def scalar_metrics(result: dict[str, Any]) -> dict[str, float]:
+    metrics = result.get("metrics", result)
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+@flow(name="evaluate-checkpoint", flow_run_name="eval-{split}-step-{step:06d}", log_prints=True)
+def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", parent_run_id: str = "",
+                        saved_at: float = 0.0, params: str = "params.yaml") -> dict[str, Any]:
+    """Evaluate one checkpoint (idempotent: the evaluation API reuses a stored result) and record it."""
+    started = time.time()
+    if parent_run_id:
+        os.environ[lineage.ENV_PARENT_RUN_ID] = parent_run_id
+    if not Path(checkpoint_dir).is_dir():  # rotated away by keep_last before its turn came
+        return {"checkpoint_dir": checkpoint_dir, "step": step, "skipped": "checkpoint no longer exists"}
+    cfg = checkpoint_config(checkpoint_dir, params)
+    result = run_evaluation_api(cfg, checkpoint_dir, split)
+    record = {"checkpoint_dir": checkpoint_dir, "step": step, "split": split, "saved_at": saved_at,
+              "started_at": started, "finished_at": time.time(), "metrics": scalar_metrics(result),
+              "mlflow_run_id": result.get("mlflow_run_id") or result.get("run_id"),
+              "parent_run_id": parent_run_id}
+    results = results_path(cfg)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    append_jsonl(results, record)
+    create_table_artifact(key=f"eval-{split}-step-{step:06d}",
+                          table=[{"metric": k, "value": round(v, 4)} for k, v in record["metrics"].items()],
+                          description=f"Evaluation of `{checkpoint_dir}` on {split}")
+    return record
+
+
+def follow(queue: Path, poll_s: float = 0.5):
+    """Yield the JSON lines of a growing file until a `{"done": true}` line."""
+    pos = 0
+    while True:
+        if queue.exists():
+            with queue.open() as f:
+                f.seek(pos)
+                while line := f.readline():
+                    if not line.endswith("\n"):
+                        break
+                    pos = f.tell()
+                    item = json.loads(line)
+                    if item.get("done"):
+                        return
+                    yield item
+        time.sleep(poll_s)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Embedded evaluator: follow a checkpoint queue file (written by the training checkpoint hook) "
+        "and run the evaluate-checkpoint flow on each checkpoint, until a {\"done\": true} line.")
+    parser.add_argument("--queue", required=True, help="jsonl file the checkpoint hook appends to")
+    parser.add_argument("--split", default="val", help="split to evaluate (default: %(default)s)")
+    parser.add_argument("--params", default="params.yaml", help="fallback params when a checkpoint has no config")
+    args = parser.parse_args(argv)
+    for item in follow(Path(args.queue)):
+        rec = evaluate_checkpoint(checkpoint_dir=item["checkpoint_dir"], step=int(item["step"]), split=args.split,
+                                  parent_run_id=item.get("parent_run_id", ""),
+                                  saved_at=float(item.get("saved_at", 0.0)), params=args.params)
+        print(json.dumps({"evaluated": rec.get("checkpoint_dir"), "step": rec.get("step"),
+                          "metrics": rec.get("metrics"), "skipped": rec.get("skipped")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(_main))

@@ -1,0 +1,109 @@
+"""Stage command lines and a subprocess runner that streams their logs live.
+
+Every stage is a plain CLI (`python -m <module> --params P [-e E] [key=value ...]`); the flow, DVC and the
+benchmarks all start the same command lines from here, so there is one place that knows how a stage is launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vtg.config import PipelineConfig
+from vtg.errors import VTGError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConfigArgs:
+    """How the run's configuration was given: passed unchanged to every stage CLI."""
+
+    params: str = "params.yaml"
+    experiment: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    def argv(self, extra_overrides: Sequence[str] = ()) -> list[str]:
+        out = ["--params", self.params]
+        if self.experiment:
+            out += ["--experiment", self.experiment]
+        return out + list(self.overrides) + list(extra_overrides)
+
+
+class StageFailed(VTGError):
+    """A stage process exited non-zero; the message carries its last log lines."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    argv: list[str]
+    returncode: int
+    seconds: float
+    tail: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def module_cmd(module: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def train_cmd(cfg: PipelineConfig, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The training command line and extra env, by `orchestration.train_launcher`."""
+    module, ranks = cfg.orchestration.stages.train, cfg.train.num_gpus
+    launcher = cfg.orchestration.train_launcher
+    if launcher == "auto":
+        launcher = "python" if ranks == 1 else ("deepspeed" if _has_cuda() else "torchrun")
+    port = str(free_port())
+    if launcher == "python":
+        env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        return module_cmd(module, args), env
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                "--master_addr=127.0.0.1", f"--master_port={port}", "-m", module, *args], {}
+    deepspeed = Path(sys.executable).with_name("deepspeed")
+    return [str(deepspeed), f"--num_gpus={ranks}", f"--master_port={port}", "--module", module, *args], {}
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None,
+              on_line: Callable[[str], None] | None = None, tail_lines: int = 30) -> StageResult:
+    """Run one stage process, streaming every output line as it comes; raise StageFailed on a non-zero exit."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    emit = on_line or (lambda line: log.info("[%s] %s", name, line))
+    tail: list[str] = []
+    t0 = time.perf_counter()
+    log.info("[%s] $ %s", name, " ".join(argv))
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+                          text=True, bufsize=1, errors="replace") as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            emit(line)
+            tail = (tail + [line])[-tail_lines:]
+        rc = proc.wait()
+    result = StageResult(name, argv, rc, time.perf_counter() - t0, tail)
+    if rc != 0:
+        last = "\n  ".join(tail[-8:])
+        raise StageFailed(f"stage {name!r} exited with code {rc} after {result.seconds:.1f}s; last lines:\n  {last}")
+    return result

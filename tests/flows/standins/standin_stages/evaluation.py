@@ -1,0 +1,41 @@
+"""Stand-in evaluation API: `evaluate_checkpoint(checkpoint_dir, split, cfg)`, idempotent per (checkpoint, split)."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from standin_stages import record_call
+from vtg import lineage
+
+
+def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
+    record_call(f"evaluate:{Path(checkpoint_dir).name}:{split}")
+    meta = json.loads((Path(checkpoint_dir) / "meta.json").read_text())
+    stored = Path(checkpoint_dir) / f"eval-{split}.json"
+    if stored.is_file():
+        return json.loads(stored.read_text())
+    time.sleep(float(os.environ.get("STANDIN_EVAL_S", "0.1")))
+    step = meta["step"]
+    metrics = {"r1@0.5": min(1.0, step / cfg.train.max_steps), "r1@0.7": min(1.0, step / cfg.train.max_steps) / 2,
+               "miou": 0.5}
+    run_id = None
+    if cfg.tracking.enabled:
+        import mlflow
+
+        mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
+        client = mlflow.MlflowClient()
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(cfg.tracking.experiment)
+        parent = os.environ.get(lineage.ENV_PARENT_RUN_ID)
+        tags = {lineage.TAG_STAGE: "evaluate", lineage.TAG_CHECKPOINT: str(Path(checkpoint_dir).resolve()),
+                lineage.TAG_STEP: str(step), lineage.TAG_TRAIN_RUN: meta.get("mlflow_run_id") or "",
+                **({"mlflow.parentRunId": parent} if parent else {})}
+        run = client.create_run(exp_id, run_name=f"eval-{split}-{step}", tags=tags)
+        run_id = run.info.run_id
+        for k, v in metrics.items():
+            client.log_metric(run_id, k.replace("@", "_at_"), v, step=step)
+        client.set_terminated(run_id)
+    result = {"metrics": metrics, "split": split, "step": step, "mlflow_run_id": run_id}
+    stored.write_text(json.dumps(result))
+    return result

@@ -1,0 +1,24 @@
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from standin_stages import parse, write_json
+
+args, cfg = parse("preprocess")
+records = [json.loads(x) for x in Path(cfg.preprocess.records).read_text().splitlines()]
+out = Path(cfg.preprocess.out_dir)
+counts = {}
+for split in ("train", "val", "test"):
+    mine = [r for i, r in enumerate(records) if ("train", "train", "train", "val", "test")[i % 5] == split]
+    counts[split] = len(mine)
+    (out / split).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / split / "shard-000000.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for r in mine:
+            data = json.dumps(r, sort_keys=True).encode()
+            info = tarfile.TarInfo(f"{r['video_id']}.0.json")
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+write_json(out / "manifest.json", {"counts": counts, "inputs": len(records), "num_frames": cfg.preprocess.num_frames})
+(out / "dead_letter.jsonl").write_text("")
+print(f"stand-in preprocess: {counts}")
