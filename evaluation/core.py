@@ -13,7 +13,7 @@ from tqdm import tqdm
 from evaluation.baselines import fit_prior, prior_prediction
 from evaluation.data import EvalExample, ReadStats, iter_examples, iter_spans
 from evaluation.metrics import metric_name
-from evaluation.predict import run_batches
+from evaluation.predict import predict_batch
 from evaluation.scoring import aggregate, breakdowns, score_answers, score_spans, visual_gain
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
@@ -56,63 +56,77 @@ def fit_prior_from_train(cfg: EvaluateConfig) -> tuple[tuple[float, float], dict
     return span, fit
 
 
-def _run_model(model, tokenizer, examples: list[EvalExample], cfg: EvaluateConfig, device: str, blank: bool,
-               desc: str) -> tuple[list[str], float]:
-    answers: list[str] = []
-    loss_sum, loss_tokens = 0.0, 0
-    batches = [examples[i:i + cfg.batch_size] for i in range(0, len(examples), cfg.batch_size)]
-    for out in tqdm(run_batches(model, tokenizer, batches, device, cfg.max_new_tokens, blank=blank),
-                    total=len(batches), desc=desc, unit="batch", leave=False):
-        answers.extend(out.answers)
-        loss_sum += out.loss_sum
-        loss_tokens += out.loss_tokens
-    return answers, loss_sum / max(loss_tokens, 1)
-
-
-def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tuple[dict, list[dict]]:
-    """(metrics summary, prediction rows) of the HF export `hf_dir` on `split`."""
+def _load(hf_dir: str | Path, device: str):
     from training.modeling import load_model_and_tokenizer
 
-    t0 = time.perf_counter()
-    device = resolve_device(cfg.device)
-    stats = ReadStats()
-    examples = list(iter_examples(list_shards(cfg.shards_dir, split), stats, cfg.max_examples))
-    if not examples:
-        raise VTGError(f"{cfg.shards_dir}/{split}: no readable queries to evaluate "
-                       f"(skipped: {dict(stats.skipped) or 'none'})")
     try:
-        model, tokenizer = load_model_and_tokenizer(hf_dir, device=device)
+        return load_model_and_tokenizer(hf_dir, device=device)
     except VTGError:
         raise
     except Exception as e:  # noqa: BLE001 -- a truncated safetensors file, a mismatched config...: one clear line
         raise VTGError(f"{hf_dir}: cannot load the checkpoint's model export "
                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                        "is the checkpoint half-written or corrupt?") from None
-    thresholds = cfg.iou_thresholds
-    gts = [ex.windows for ex in examples]
-    answers, loss = _run_model(model, tokenizer, examples, cfg, device, blank=False, desc=f"eval {split}")
-    rows = score_answers(answers, gts)
-    model_metrics = {**aggregate(rows, thresholds), "eval_loss": loss}
+
+
+def _stream(model, tokenizer, examples: Iterator[EvalExample], cfg: EvaluateConfig, device: str) -> dict:
+    """One pass over the split, batch by batch (frames are dropped after each batch): answers and losses of the
+    model and, when configured, of the model on blank frames, plus the light per-query metadata."""
+    blank = "blank" in cfg.baselines
+    acc = {"meta": [], "answers": [], "blank_answers": [], "loss": [0.0, 0], "blank_loss": [0.0, 0]}
+    with tqdm(desc="evaluating", unit="query", leave=False) as bar:
+        for batch in _batched(examples, cfg.batch_size):
+            for out_key, loss_key, is_blank in (("answers", "loss", False), ("blank_answers", "blank_loss", True)):
+                if is_blank and not blank:
+                    continue
+                out = predict_batch(model, tokenizer, batch, device, cfg.max_new_tokens, blank=is_blank)
+                acc[out_key].extend(out.answers)
+                acc[loss_key][0] += out.loss_sum
+                acc[loss_key][1] += out.loss_tokens
+            acc["meta"].extend({"key": ex.key, "query": ex.query, "windows": ex.windows, "source": ex.source,
+                                "duration_s": ex.duration_s} for ex in batch)
+            bar.update(len(batch))
+    return acc
+
+
+def _mean_loss(pair: list) -> float:
+    return pair[0] / max(pair[1], 1)
+
+
+def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tuple[dict, list[dict]]:
+    """(metrics summary, prediction rows) of the HF export `hf_dir` on `split`."""
+    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    shards = list_shards(cfg.shards_dir, split)
+    model, tokenizer = _load(hf_dir, device)
+    stats = ReadStats()
+    acc = _stream(model, tokenizer, iter_examples(shards, stats, cfg.max_examples), cfg, device)
+    examples = acc["meta"]
+    if not examples:
+        raise VTGError(f"{cfg.shards_dir}/{split}: no readable queries to evaluate "
+                       f"(skipped: {dict(stats.skipped) or 'none'})")
     t_model = time.perf_counter() - t0
+    thresholds = cfg.iou_thresholds
+    gts = [ex["windows"] for ex in examples]
+    rows = score_answers(acc["answers"], gts)
+    model_metrics = {**aggregate(rows, thresholds), "eval_loss": _mean_loss(acc["loss"])}
 
     baselines: dict[str, dict] = {}
     blank_rows = prior_rows = None
     if "blank" in cfg.baselines:
-        blank_answers, blank_loss = _run_model(model, tokenizer, examples, cfg, device, blank=True,
-                                               desc="blank frames")
-        blank_rows = score_answers(blank_answers, gts)
-        baselines["blank"] = {**aggregate(blank_rows, thresholds), "eval_loss": blank_loss}
+        blank_rows = score_answers(acc["blank_answers"], gts)
+        baselines["blank"] = {**aggregate(blank_rows, thresholds), "eval_loss": _mean_loss(acc["blank_loss"])}
     if "prior" in cfg.baselines:
         span, fit = fit_prior_from_train(cfg)
-        prior_rows = score_spans([prior_prediction(span, ex.duration_s) for ex in examples], gts)
+        prior_rows = score_spans([prior_prediction(span, ex["duration_s"]) for ex in examples], gts)
         baselines["prior"] = {**aggregate(prior_rows, thresholds), "span_normalized": list(span), "fit": fit}
 
     names = ["miou"] + [metric_name(t) for t in thresholds]
     gain, best_blind = visual_gain(model_metrics, baselines, names)
     predictions = []
     for i, (ex, row) in enumerate(zip(examples, rows)):
-        pred = {"key": ex.key, "query": ex.query, "source": ex.source, "duration_s": ex.duration_s,
-                "gt": [list(w) for w in ex.windows], "raw": row["raw"], "pred": row["pred"],
+        pred = {"key": ex["key"], "query": ex["query"], "source": ex["source"], "duration_s": ex["duration_s"],
+                "gt": [list(w) for w in ex["windows"]], "raw": row["raw"], "pred": row["pred"],
                 "parsed": row["pred"] is not None, "iou": row["iou"], "best_gt": row["best_gt"]}
         if blank_rows:
             pred.update(blank_raw=blank_rows[i]["raw"], blank_pred=blank_rows[i]["pred"],
@@ -126,10 +140,10 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
         "baselines": baselines,
         "visual_gain": gain,
         "best_blind_baseline": best_blind,
-        **breakdowns(rows, gts, [ex.source for ex in examples], thresholds, cfg.length_edges_s),
+        **breakdowns(rows, gts, [ex["source"] for ex in examples], thresholds, cfg.length_edges_s),
         "counts": {"samples": stats.samples, "queries": stats.queries, "scored": len(rows),
                    "skipped": dict(stats.skipped)},
         "timing": {"seconds": elapsed, "model_seconds": t_model, "queries_per_s": len(rows) / max(t_model, 1e-9),
-                   "device": device},
+                   "device": device, "batch_size": cfg.batch_size},
     }
     return summary, predictions

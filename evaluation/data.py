@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
@@ -18,11 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
+from training.data import member_key
 from vtg.shards import SampleMeta, decode_jpeg
 
 log = logging.getLogger(__name__)
-
-_FRAME = re.compile(r"^(?P<key>.+)\.f(?P<idx>\d{3})\.jpg$")
 
 
 @dataclass
@@ -53,8 +51,7 @@ def _group_members(tar: tarfile.TarFile) -> Iterator[tuple[str, dict[str, bytes]
     for info in tar:
         if not info.isfile():
             continue
-        m = _FRAME.match(info.name)
-        key, suffix = (m["key"], m["idx"]) if m else (info.name.rsplit(".", 1)[0], info.name.rsplit(".", 1)[-1])
+        key, suffix = member_key(info.name)
         if key != current and current is not None:
             yield current, parts
             parts = {}
@@ -71,7 +68,7 @@ def _decode_sample(key: str, parts: dict[str, bytes]) -> tuple[SampleMeta, np.nd
         meta = SampleMeta.model_validate(json.loads(parts["json"]))
     except (ValueError, ValidationError):
         raise ValueError("bad_json") from None
-    frame_keys = sorted(k for k in parts if k.isdigit())
+    frame_keys = sorted(k for k in parts if k.endswith(".jpg"))
     if len(frame_keys) != meta.num_frames or len(meta.frame_timestamps) != meta.num_frames or not frame_keys:
         raise ValueError("frame_count_mismatch")
     try:

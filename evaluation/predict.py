@@ -7,7 +7,6 @@ timing), so evaluation sees exactly what training trained on. `blank=True` repla
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,9 +67,9 @@ def generate(model, tokenizer, examples: list[EvalExample], device, max_new_toke
     return tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
 
 
-def run_batches(model, tokenizer, batches: Iterable[list[EvalExample]], device, max_new_tokens: int,
-                blank: bool = False, with_loss: bool = True) -> Iterator[BatchOutput]:
-    for batch in batches:
-        answers = generate(model, tokenizer, batch, device, max_new_tokens, blank=blank)
-        loss_sum, n = eval_loss(model, tokenizer, batch, device, blank=blank) if with_loss else (0.0, 0)
-        yield BatchOutput(answers, loss_sum, n)
+def predict_batch(model, tokenizer, batch: list[EvalExample], device, max_new_tokens: int,
+                  blank: bool = False) -> BatchOutput:
+    """Greedy answers and the teacher-forced answer loss of one batch."""
+    answers = generate(model, tokenizer, batch, device, max_new_tokens, blank=blank)
+    loss_sum, n = eval_loss(model, tokenizer, batch, device, blank=blank)
+    return BatchOutput(answers, loss_sum, n)
