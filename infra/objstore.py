@@ -1,0 +1,111 @@
+"""WebDataset shards on S3-compatible object storage (MinIO, S3): publish, list as streamable URLs, cat.
+
+    python -m infra.objstore publish data/shards s3://vtg-shards/shards/<data-version>
+    python -m infra.objstore urls s3://vtg-shards/shards/<data-version> train     # one `pipe:` URL per shard
+    python -m infra.objstore cat s3://vtg-shards/shards/<data-version>/train/shard-000000.tar > x.tar
+
+WebDataset has no s3:// opener; the URLs are `pipe:` commands that stream one object to stdout, so the
+training reader (and `wds.WebDataset`) reads them like local tars, on any node, without a local copy. The
+endpoint and credentials come from the standard AWS variables (AWS_ENDPOINT_URL_S3 for MinIO). The data
+version in the prefix is the DVC hash of the shard directory, so the DVC remote stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from vtg.cli_common import run_cli
+from vtg.errors import VTGError
+from vtg.shards import SHARD_PATTERN
+
+CHUNK = 1 << 20
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    if not url.startswith("s3://"):
+        raise VTGError(f"{url!r}: expected an s3://bucket/prefix URL")
+    bucket, _, key = url[5:].partition("/")
+    if not bucket:
+        raise VTGError(f"{url!r}: no bucket")
+    return bucket, key.strip("/")
+
+
+def client():
+    import boto3
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+    return boto3.client("s3", endpoint_url=endpoint or None)
+
+
+def publish(local_root: str | Path, url: str) -> list[str]:
+    """Upload every `<split>/shard-*.tar` (and manifest.json) under `local_root` to `url`; returns the keys."""
+    bucket, prefix = split_s3(url)
+    root = Path(local_root)
+    files = sorted(root.glob("*/shard-*.tar")) + [p for p in [root / "manifest.json"] if p.is_file()]
+    if not files:
+        raise VTGError(f"no shards under {root} (expected {root}/<split>/shard-*.tar)")
+    s3, keys = client(), []
+    for f in files:
+        key = "/".join(filter(None, [prefix, f.relative_to(root).as_posix()]))
+        s3.upload_file(str(f), bucket, key)
+        keys.append(key)
+    return keys
+
+
+def stream_urls(url: str, split: str) -> list[str]:
+    """Sorted `pipe:` URLs, one per shard of `split` under `url`, for WebDataset (or `train.shards`)."""
+    bucket, prefix = split_s3(url)
+    split_prefix = "/".join(filter(None, [prefix, split])) + "/"
+    keys: list[str] = []
+    for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=split_prefix):
+        keys += [o["Key"] for o in page.get("Contents", []) if _is_shard(o["Key"])]
+    if not keys:
+        raise VTGError(f"no shards at s3://{bucket}/{split_prefix} (publish them: python -m infra.objstore publish)")
+    cat = shlex.join([sys.executable, "-m", "infra.objstore", "cat"])
+    return [f"pipe:{cat} s3://{bucket}/{k}" for k in sorted(keys)]
+
+
+def _is_shard(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    head, _, tail = SHARD_PATTERN.partition("%")
+    return name.startswith(head) and name.endswith(".tar")
+
+
+def cat(url: str) -> None:
+    bucket, key = split_s3(url)
+    body = client().get_object(Bucket=bucket, Key=key)["Body"]
+    out = sys.stdout.buffer
+    for chunk in iter(lambda: body.read(CHUNK), b""):
+        out.write(chunk)
+    out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.objstore", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("publish", help="upload a local shard root to s3://bucket/prefix")
+    p.add_argument("local_root")
+    p.add_argument("url")
+    u = sub.add_parser("urls", help="print one streamable pipe: URL per shard of a split")
+    u.add_argument("url")
+    u.add_argument("split")
+    c = sub.add_parser("cat", help="stream one object to stdout")
+    c.add_argument("url")
+    args = parser.parse_args(argv)
+    if args.action == "publish":
+        keys = publish(args.local_root, args.url)
+        print(f"published {len(keys)} files to {args.url}")
+    elif args.action == "urls":
+        print("\n".join(stream_urls(args.url, args.split)))
+    else:
+        cat(args.url)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
