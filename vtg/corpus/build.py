@@ -19,7 +19,7 @@ from vtg.corpus.plan import corpus_counts, plan_corpus
 from vtg.corpus.render import render_video
 from vtg.errors import VTGError
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 GROUND_TRUTH = "ground_truth.json"
 UNREADABLE = {"truncated", "zero_byte", "not_video"}
 NOT_CONTENT = {"out_dir", "workers"}  # knobs that do not change a byte of the output

@@ -71,7 +71,7 @@ def _texture(rng: np.random.Generator, prev: dict | None) -> dict:
     while True:
         pattern = str(rng.choice(PATTERNS))
         level = int(rng.choice([55, 85, 115, 145]))
-        if prev is None or (pattern != prev["pattern"] and abs(level - prev["level"]) >= 30):
+        if prev is None or (pattern != prev["pattern"] and abs(level - prev["level"]) >= 60):
             break
     tint = [int(x) for x in rng.integers(-25, 26, 3)]
     tint2 = [int(x) for x in rng.integers(-25, 26, 3)]
@@ -242,7 +242,8 @@ def plan_corpus(cfg: CorpusConfig) -> list[dict]:
     """Every video's plan, in a shuffled order that hides which ids are defective."""
     counts = corpus_counts(cfg)
     clean = [plan_clean_video(cfg, i) for i in range(counts.clean)]
-    kinds = [DEFECT_KINDS[i % len(DEFECT_KINDS)] for i in range(counts.defects)]
+    cycle = (*DEFECT_KINDS, "near_duplicate")  # near-duplicates twice as often: dedup needs clusters
+    kinds = [cycle[i % len(cycle)] for i in range(counts.defects)]
     defects = [plan_defect_video(cfg, counts.clean + i, k, clean) for i, k in enumerate(kinds)]
     videos = clean + defects
     order = _rng(cfg.seed, 3).permutation(len(videos))

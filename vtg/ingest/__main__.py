@@ -12,7 +12,8 @@ from vtg.ingest import ingest
 def summarize(summary: dict) -> Table:
     table = Table(title="ingest")
     for col in ("file", "format", "inputs", "records", "dead letters", "clipped"):
-        table.add_column(col, justify="right" if col not in ("file", "format") else "left")
+        table.add_column(col, justify="right" if col not in ("file", "format") else "left",
+                         overflow="fold" if col == "file" else "ellipsis")
     for f in summary["files"]:
         table.add_row(f["file"], f["format"], str(f["inputs"]), str(f["records"]), str(f["dead_letters"]),
                       str(f["clipped"]))
