@@ -33,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         "Evaluate one training checkpoint: batched greedy generation on a split's shards, answer parsing, "
         "mIoU and R@1 at IoU thresholds, blind baselines (moment prior, blank frames), an HTML report, an "
         "MLflow run linked to the training run, and the best-checkpoint pointer and registry alias.")
-    parser.add_argument("--checkpoint", required=True,
+    parser.add_argument("--checkpoint",
                         help="checkpoint step dir, a `latest`/`best` pointer, or a checkpoint root (-> latest)")
     parser.add_argument("--split", choices=["val", "test"], default=None,
                         help="split to evaluate (default: evaluate.split)")
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
+    if not args.checkpoint:
+        parser.error("--checkpoint is required (e.g. --checkpoint checkpoints/latest)")
     from evaluation.api import evaluate_checkpoint
 
     _print_summary(evaluate_checkpoint(args.checkpoint, args.split, cfg))
