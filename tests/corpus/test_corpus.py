@@ -163,3 +163,39 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_corpus(tmp_path, corpus_
     with pytest.raises(VTGError, match="not a synthetic corpus"):
         build_corpus(corpus_config(tmp_path / "mine", n_videos=1))
     assert (tmp_path / "mine" / "precious.txt").exists()
+
+
+def test_default_plan_has_the_intended_mix():
+    """The embedded default (plans only, no pixels): mix of query kinds, event lengths, positions, long videos."""
+    from collections import defaultdict
+
+    import numpy as np
+
+    from vtg.config import CorpusConfig
+    from vtg.corpus.plan import plan_corpus
+
+    cfg = CorpusConfig()
+    plans = plan_corpus(cfg)
+    clean = [p for p in plans if p["defect"]["kind"] == "none"]
+    assert len(clean) == cfg.n_videos
+    events = [(p, e) for p in clean for e in p["events"]]
+    kinds = Counter(e["kind"] for _, e in events)
+    assert 0.05 <= kinds["text_answerable"] / len(events) <= 0.10
+    normal = [(p, e) for p, e in events if e["kind"] == "normal"]
+    assert all(2 * cfg.fps <= e["end_frame"] - e["start_frame"] <= 8 * cfg.fps for _, e in normal)
+    assert all(1 <= sum(e["kind"] == "normal" for e in p["events"]) for p in clean)
+    assert sum(bool(p["gradual_transitions"]) for p in clean) >= 0.4 * len(clean)
+    long = [p for p in clean if p["n_frames"] > cfg.max_duration_s * cfg.fps]
+    assert len(long) >= 0.05 * len(clean)
+    for p in long:  # events of long videos stay inside one scene
+        for e in p["events"]:
+            if e["kind"] == "normal":
+                assert any(s["start_frame"] <= e["start_frame"] and e["end_frame"] <= s["end_frame"]
+                           for s in p["scenes"])
+    # Position is not predictable from the wording of normal queries: per phrase, centres spread widely.
+    centres = defaultdict(list)
+    for p, e in normal:
+        words = e["query"].split()
+        centres[" ".join(words[:1] + words[3:])].append((e["start_frame"] + e["end_frame"]) / 2 / p["n_frames"])
+    assert all(np.std(c) > 0.15 for c in centres.values() if len(c) >= 20)
+    assert len({e["query"] for _, e in normal}) > 100
