@@ -199,3 +199,14 @@ def test_default_plan_has_the_intended_mix():
         centres[" ".join(words[:1] + words[3:])].append((e["start_frame"] + e["end_frame"]) / 2 / p["n_frames"])
     assert all(np.std(c) > 0.15 for c in centres.values() if len(c) >= 20)
     assert len({e["query"] for _, e in normal}) > 100
+
+
+def test_unwritable_out_dir_is_a_one_line_error(tmp_path, corpus_config):
+    from vtg.corpus import load_ground_truth
+    from vtg.errors import VTGError
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(VTGError, match="cannot write the corpus"):
+        build_corpus(corpus_config(tmp_path / "afile" / "corpus", n_videos=1))
+    with pytest.raises(VTGError, match="build the corpus first"):
+        load_ground_truth(tmp_path)

@@ -57,3 +57,12 @@ def test_cli_runs_and_summarises(tmp_path, capsys, repo_root, video_root):
     text = capsys.readouterr().out
     assert code == 0 and "start_ge_end 1" in text
     assert json.loads((out / "s.json").read_text())["inputs"] == 2
+
+
+def test_unwritable_output_is_a_one_line_error(tmp_path, ingest_config):
+    ann = tmp_path / "x.txt"
+    ann.write_text("a 0.0 1.0##hello\n")
+    (tmp_path / "afile").write_text("")
+    cfg = ingest_config(ann).model_copy(update={"out": str(tmp_path / "afile" / "records.jsonl")})
+    with pytest.raises(VTGError, match="afile"):
+        ingest(cfg)

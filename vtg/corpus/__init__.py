@@ -1,6 +1,7 @@
 """Deterministic synthetic grounding corpus: the embedded default data set and every stage's test bed.
 
-`python -m vtg.corpus [--params P] [-e EXP] [key=value ...]` (or `build_corpus(cfg.corpus)`) writes, under
+`python -m vtg.corpus [--params P] [-e EXP] [--scale X] [--force] [key=value ...]` (or `build_corpus(cfg.corpus)`;
+`load_ground_truth(out_dir)` reads the result back) writes, under
 `corpus.out_dir`:
 
     videos/<video_id>.mp4                       real video files (mp4v, `corpus.fps`, 112x112 by default)
@@ -53,7 +54,8 @@ Every annotation line is either an event of some video (its annotation_id appear
 or listed in `invalid_annotations` (charades: a line can be both, for unreadable videos).
 """
 
-from vtg.corpus.build import GROUND_TRUTH, build_corpus
+from vtg.corpus.build import GROUND_TRUTH, build_corpus, load_ground_truth
 from vtg.corpus.plan import CREDITS_QUERIES, DEFECT_KINDS, INVALID_KINDS, TITLE_QUERIES
 
-__all__ = ["CREDITS_QUERIES", "DEFECT_KINDS", "GROUND_TRUTH", "INVALID_KINDS", "TITLE_QUERIES", "build_corpus"]
+__all__ = ["CREDITS_QUERIES", "DEFECT_KINDS", "GROUND_TRUTH", "INVALID_KINDS", "TITLE_QUERIES", "build_corpus",
+           "load_ground_truth"]

@@ -115,8 +115,24 @@ def _is_up_to_date(out: Path, digest: str) -> bool:
     return data.get("config_hash") == digest and all((out / v["path"]).exists() for v in data["videos"])
 
 
+def load_ground_truth(out_dir: str | Path) -> dict:
+    """The ground truth of a built corpus (schema in `vtg.corpus`)."""
+    path = Path(out_dir) / GROUND_TRUTH
+    if not path.is_file():
+        raise VTGError(f"{path}: no ground truth here; build the corpus first (python -m vtg.corpus)")
+    return json.loads(path.read_text())
+
+
 def build_corpus(cfg: CorpusConfig, force: bool = True, progress: bool = False) -> dict:
     """Write the corpus under `cfg.out_dir`; returns the ground truth (see `vtg.corpus` for its schema)."""
+    try:
+        return _build(cfg, force, progress)
+    except OSError as e:
+        raise VTGError(f"{cfg.out_dir}: cannot write the corpus ({e.strerror or e}: {e.filename}); "
+                       "check corpus.out_dir and free disk space") from None
+
+
+def _build(cfg: CorpusConfig, force: bool, progress: bool) -> dict:
     out = Path(cfg.out_dir)
     content = cfg.model_dump(mode="json", exclude=NOT_CONTENT)
     digest = f"{hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]}-g{GENERATOR_VERSION}"

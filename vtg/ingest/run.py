@@ -80,6 +80,13 @@ def _write_jsonl(path: Path, rows: list) -> None:
 
 def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration) -> dict:
     """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary."""
+    try:
+        return _ingest(cfg, progress, probe)
+    except OSError as e:
+        raise VTGError(f"{e.filename}: {e.strerror or e}; check the ingest.* paths") from None
+
+
+def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
     videos = VideoIndex(cfg.video_root)
