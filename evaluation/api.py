@@ -53,6 +53,17 @@ class EvaluationResult:
     def report(self) -> Path:
         return self.entry_dir / "report.html"
 
+    def to_dict(self) -> dict:
+        """A JSON-able digest for callers (the orchestrator's report, a Prefect task result)."""
+        r, s = self.result, self.result["summary"]
+        return {"checkpoint": r["checkpoint"], "step": r["step"], "split": r["split"],
+                "model": s["model"], "baselines": {name: {m: v for m, v in b.items() if m != "fit"}
+                              for name, b in s["baselines"].items()},
+                "visual_gain": s["visual_gain"], "select_metric": r["select_metric"],
+                "select_value": r["select_value"], "mlflow_run_id": r.get("mlflow_run_id"),
+                "report": str(self.report), "entry_dir": str(self.entry_dir), "reused": self.reused,
+                "selection": self.selection}
+
 
 def _metric_names(cfg: PipelineConfig) -> list[str]:
     return ["miou"] + [metric_name(t) for t in cfg.evaluate.iou_thresholds]
@@ -141,12 +152,13 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
     ckpt = resolve_checkpoint(checkpoint_dir)
     digests = (_checkpoint_digest(ckpt), _data_digest(cfg, split))
     key = store.eval_key(digests[0], split, settings_hash(cfg), digests[1])
-    found = store.find(cfg.evaluate.store_dir, split, key) if cfg.evaluate.reuse else None
-    if found is not None:
-        log.info("reusing stored evaluation of %s on %s: %s", ckpt.name, split, found)
-        result, entry, reused = store.load_result(found), found, True
-    else:
-        result = _evaluate_new(ckpt, meta, split, cfg, key, digests)
-        entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, ckpt.name, key), False
+    with store.locked(cfg.evaluate.store_dir, key):
+        found = store.find(cfg.evaluate.store_dir, split, key) if cfg.evaluate.reuse else None
+        if found is not None:
+            log.info("reusing stored evaluation of %s on %s: %s", ckpt.name, split, found)
+            result, entry, reused = store.load_result(found), found, True
+        else:
+            result = _evaluate_new(ckpt, meta, split, cfg, key, digests)
+            entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, ckpt.name, key), False
     selection = _refresh_outputs(cfg, result, entry)
     return EvaluationResult(result, entry, Path(cfg.evaluate.out_dir), reused, selection)

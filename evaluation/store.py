@@ -109,10 +109,12 @@ def publish(entry: Path, out_dir: Path, names: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def locked(store_dir: str | Path) -> Iterator[None]:
-    """Serialize the best-checkpoint decision and the output refresh across concurrent evaluations."""
+def locked(store_dir: str | Path, name: str = "") -> Iterator[None]:
+    """An exclusive file lock in the store: without `name` it serializes the best-checkpoint decision and the
+    output refresh; with a key as `name`, two concurrent evaluations of the same checkpoint (a trigger that
+    fires twice) run one after the other, and the second reuses the first's result."""
     Path(store_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(store_dir) / ".lock", "w") as f:
+    with open(Path(store_dir) / f".lock{'-' + name[:16] if name else ''}", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -106,6 +106,8 @@ def test_second_call_reuses_the_stored_result(env):
     first = json.loads((again.entry_dir / "metrics.json").read_text())
     assert again.result == first
     assert len(_eval_runs(client)) == runs and len(_versions(client)) == versions
+    digest = json.loads(json.dumps(again.to_dict()))
+    assert digest["reused"] and digest["model"] == again.metrics and "fit" not in digest["baselines"]["prior"]
 
 
 @pytest.mark.parametrize("damage", ["half_written", "truncated_weights", "corrupt_meta"])
