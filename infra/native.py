@@ -90,7 +90,7 @@ def process(argv: list[str], log: Path, env: dict[str, str] | None = None,
         if proc.poll() is None:
             os.killpg(proc.pid, 15)
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
