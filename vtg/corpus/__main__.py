@@ -1,4 +1,14 @@
-"""`python -m vtg.corpus`: build the synthetic grounding corpus (see `vtg.corpus` for what is written)."""
+"""Build the deterministic synthetic grounding corpus (the embedded default data set).
+
+Writes under corpus.out_dir: videos/<id>.mp4, annotations/<format>.<ext> (corpus.annotation_format) and
+ground_truth.json (schema: `python -c "import vtg.corpus; help(vtg.corpus)"`). The same config gives
+byte-identical files; an out_dir already built from the same config is left as is (use --force).
+
+examples:
+  python -m vtg.corpus                                    # the default (params.yaml)
+  python -m vtg.corpus corpus.n_videos=20 corpus.out_dir=/tmp/small corpus.annotation_format=charades
+  python -m vtg.corpus --scale 4 corpus.out_dir=data/raw/synthetic_x4   # bigger, for benchmarks
+"""
 
 from __future__ import annotations
 
@@ -32,6 +42,7 @@ def summarize(gt: dict) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
+    parser.prog = "python -m vtg.corpus"
     parser.add_argument("--scale", type=float, default=None, help="shorthand for corpus.scale=X")
     parser.add_argument("--force", action="store_true",
                         help="rebuild even if out_dir already holds a corpus built from the same config")

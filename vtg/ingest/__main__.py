@@ -1,4 +1,14 @@
-"""`python -m vtg.ingest`: annotations -> canonical records + dead letters + a reconciled summary."""
+"""Ingest annotation files into canonical records (one per video and query).
+
+Reads ingest.annotations (files, or directories of *.txt/*.json/*.jsonl): Charades-STA txt, QVHighlights
+jsonl, ActivityNet Captions json or native jsonl (ingest.format, `auto` by extension and content), finds each
+video by id under ingest.video_root, and writes ingest.out (records), ingest.dead_letter (every rejected item
+with file, line and reason) and ingest.summary (counts; inputs = records + dead letters).
+
+examples:
+  python -m vtg.ingest                                    # the synthetic corpus (params.yaml)
+  python -m vtg.ingest "ingest.annotations=[charades_sta_test.txt]" ingest.video_root=/data/Charades_v1
+"""
 
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ def summarize(summary: dict) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
+    parser.prog = "python -m vtg.ingest"
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
     summary = ingest(cfg.ingest, progress=True)
