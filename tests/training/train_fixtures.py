@@ -43,3 +43,39 @@ def write_fixture_shards(root: str | Path, n_train: int = 24, n_val: int = 6, sh
         for s in range(shards_per_split):
             write_shard(root / split / (SHARD_PATTERN % s), samples[s * per:(s + 1) * per])
     return root
+
+
+HOOK_CALLS: list[tuple[str, int]] = []
+
+
+def record_hook(checkpoint_dir: str, step: int) -> None:
+    """A post-checkpoint hook for tests (`train_fixtures:record_hook`)."""
+    HOOK_CALLS.append((checkpoint_dir, step))
+
+
+def train_config(shards_dir, out_dir, *overrides: str):
+    """The shipped params.yaml with small-run overrides (tiny batches, no tracking, no progress bar)."""
+    from vtg.config import load_config
+
+    base = [f"train.shards_dir={shards_dir}", f"train.out_dir={out_dir}", "train.micro_batch_size=4",
+            "train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.progress=false",
+            "train.data.num_workers=0", "train.data.shuffle_buffer=16", "train.data.sanity_examples=4",
+            "tracking.enabled=false", "train.guards.min_steps=1000"]
+    return load_config(REPO_ROOT / "params.yaml", None, base + list(overrides))
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Recorder:
+    """A callback that keeps everything the loop reports (duck-typed: the loop only calls the hooks)."""
+
+    def __init__(self):
+        self.info, self.steps, self.skips, self.checkpoints, self.summary = None, [], [], [], None
+
+    def on_train_start(self, info): self.info = info
+    def on_step(self, step, metrics): self.steps.append((step, metrics))
+    def on_skip(self, step, info): self.skips.append((step, info))
+    def on_checkpoint(self, path, step): self.checkpoints.append((str(path), step))
+    def on_train_end(self, summary): self.summary = summary
+    def checkpoint_meta(self): return {}

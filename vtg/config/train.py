@@ -1,8 +1,8 @@
-"""`train`: DeepSpeed training of a Hugging Face VLM for temporal grounding."""
+"""`train`: DeepSpeed (or FSDP2) training of a Hugging Face VLM for temporal grounding."""
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vtg.config._base import Section
 
@@ -20,32 +20,103 @@ class ModelConfig(Section):
     """LoRA scaling numerator."""
     freeze_vision: bool = False
     """Freeze the vision tower."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+
+
+class DataConfig(Section):
+    split: str = "train"
+    """Shard split to train on (`<shards_dir>/<split>/shard-*.tar`)."""
+    num_workers: int = Field(1, ge=0)
+    """DataLoader worker processes decoding frames (0: in the training process)."""
+    prefetch_factor: int = Field(2, ge=1)
+    """Batches each worker prepares ahead."""
+    shuffle_buffer: int = Field(256, ge=1)
+    """Examples held in the shuffle buffer (per worker)."""
+    resampled: bool = True
+    """Repeat the shard list forever, reshuffled each epoch (multi-epoch; `max_steps` ends the run)."""
+    token_budget: int = Field(0, ge=0)
+    """Max padded tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size); 0: off."""
+    max_seq_len: int = Field(2048, ge=16)
+    """Longest example in tokens; a longer one would truncate its answer and is skipped (and fails sanity checks)."""
+    sanity_examples: int = Field(32, ge=1)
+    """Examples checked before step 1 (answer mask, labels, lengths)."""
+
+
+class GuardConfig(Section):
+    spike_ratio: float = Field(5.0, gt=1)
+    """Skip a batch whose loss exceeds this multiple of the running mean loss."""
+    ema_beta: float = Field(0.95, ge=0, lt=1)
+    """Smoothing of the running mean loss."""
+    min_steps: int = Field(20, ge=0)
+    """Steps before spike detection starts (the running mean needs history)."""
+    max_consecutive_skips: int = Field(20, ge=1)
+    """Abort the run after this many skipped batches in a row (the run has diverged)."""
 
 
 class TrainConfig(Section):
     model: ModelConfig = ModelConfig()
     """The model to fine-tune."""
+    data: DataConfig = DataConfig()
+    """Streaming shards into batches."""
+    guards: GuardConfig = GuardConfig()
+    """Stability guards: NaN/inf and loss-spike batches are skipped on every rank."""
     shards_dir: str = "data/shards"
     """Shard root written by preprocess."""
     out_dir: str = "checkpoints"
     """Checkpoint root: `step-%06d/`, `latest`, `best`."""
+    strategy: Literal["deepspeed", "fsdp"] = "deepspeed"
+    """Distributed engine: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`) as the ZeRO-3 alternative."""
     seed: int = 42
     """Seeds python, numpy and torch on every rank."""
     max_steps: int = Field(1500, ge=1)
     """Optimizer steps."""
     lr: float = Field(3e-3, gt=0, le=1)
     """Peak learning rate."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine decay ends at lr x this."""
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    """Linear warmup over this fraction of max_steps."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW betas."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Gradient clipping by global norm (0: off)."""
     micro_batch_size: int = Field(16, ge=1)
-    """Examples per rank per micro step."""
+    """Examples per rank per micro step (the upper bound when data.token_budget is on)."""
     grad_accum: int = Field(1, ge=1)
     """Gradient accumulation steps."""
     num_gpus: int = Field(1, ge=1)
     """Ranks per node (GPUs; CPU processes over gloo when there is no GPU)."""
     zero_stage: int = Field(2, ge=0, le=3)
     """DeepSpeed ZeRO stage (0-3)."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload: optimizer states (and step) on the CPU (stage >= 1)."""
+    offload_param: bool = False
+    """ZeRO-Infinity style parameter offload to the CPU (stage 3 only)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision (fp32 on CPU: bf16 is ~40x slower there)."""
     save_every: int = Field(250, ge=1)
     """Checkpoint every N steps."""
     keep_last: int = Field(3, ge=1)
     """Keep the last K step checkpoints (plus best)."""
+    resume: str = "auto"
+    """`auto`: continue from `<out_dir>/latest` if present; `never`: start fresh; or a checkpoint path."""
+    log_every: int = Field(10, ge=1)
+    """Metrics are logged every N steps."""
+    checkpoint_hooks: list[str] = []
+    """`module:function` paths called as fn(checkpoint_dir, step) on rank 0 after each complete checkpoint."""
+    progress: bool = True
+    """Console progress bar on rank 0."""
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError("offload_param needs zero_stage 3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage >= 1")
+        for hook in self.checkpoint_hooks:
+            if ":" not in hook:
+                raise ValueError(f"checkpoint hook {hook!r} must look like package.module:function")
+        return self

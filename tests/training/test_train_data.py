@@ -1,0 +1,96 @@
+"""Streaming shards: one example per query, corrupt samples skipped and counted, clear errors, resume position."""
+
+import dataclasses
+import io
+import json
+import tarfile
+from itertools import islice
+
+import pytest
+
+from training.data import StreamSpec, make_loader, member_key, resolve_urls, token_budget_batches
+from training.processing import VisionParams
+from vtg.errors import VTGError
+
+
+def _batches(urls, tok, n, workers=0, **kw):
+    spec = StreamSpec(urls=tuple(urls), seed=3, micro_batch_size=4, shuffle_buffer=8, **kw)
+    return list(islice(make_loader(spec, tok, VisionParams(), workers, 2), n))
+
+
+def test_member_key_keeps_dotted_sample_keys():
+    assert member_key("vid.a.3.f007.jpg") == ("vid.a.3", "f007.jpg")
+    assert member_key("vid.a.3.json") == ("vid.a.3", "json")
+
+
+def test_one_example_per_query_and_finite_epoch(shards_dir, tiny_tokenizer):
+    urls = resolve_urls(str(shards_dir), "train")
+    batches = _batches(urls, tiny_tokenizer, 100, resampled=False)
+    keys = [k for b in batches for k in b["keys"]]
+    assert len(keys) == len(set(keys)) == 24 * 2  # 24 windows x 2 queries, each exactly once
+    assert sum(len(b["data_errors"]) for b in batches) == 0
+
+
+def _corrupt_copy(src, dst):
+    """Copy a shard, breaking one sample's JSON and another sample's first JPEG."""
+    with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
+        for info in tin.getmembers():
+            data = tin.extractfile(info).read()
+            if info.name == "trainvid000.0.json":
+                data = b"{not json"
+            elif info.name == "trainvid001.0.f003.jpg":
+                data = b"garbage"
+            info.size = len(data)
+            tout.addfile(info, io.BytesIO(data))
+
+
+def test_corrupt_samples_are_skipped_and_counted(shards_dir, tiny_tokenizer, tmp_path):
+    urls = resolve_urls(str(shards_dir), "train")
+    bad = tmp_path / "shard-000000.tar"
+    _corrupt_copy(urls[0], bad)
+    truncated = tmp_path / "shard-000001.tar"
+    truncated.write_bytes(open(urls[1], "rb").read()[:5000])
+    batches = _batches([str(bad), str(truncated)], tiny_tokenizer, 100, resampled=False)
+    errors = [e for b in batches for e in b["data_errors"]]
+    reasons = sorted(r.split(":")[0] for r, _ in errors)
+    keys = [k for b in batches for k in b["keys"]]
+    assert "bad_sample" in reasons  # the broken JSON: the whole window (both queries) skipped
+    assert reasons.count("bad_example") == 2  # the bad JPEG: both of its queries
+    assert any("shard-000001.tar" in where for _, where in errors)  # the truncated shard's cut-off sample
+    assert not any(k.startswith(("trainvid000.0#", "trainvid001.0#")) for k in keys)
+    assert len(keys) >= 2 * 10  # the rest of the good shard still trains
+    assert any("trainvid000.0" in where for _, where in errors)
+
+
+def test_missing_shard_is_a_clear_error(shards_dir, tmp_path):
+    with pytest.raises(VTGError, match="shard not found: .*nope.tar"):
+        resolve_urls([str(tmp_path / "nope.tar")], "train")
+    with pytest.raises(VTGError, match="no shards in .*preprocess"):
+        resolve_urls(str(tmp_path), "train")
+
+
+def test_token_budget_batches_put_short_sequences_in_bigger_batches():
+    exs = [{"n_tokens": n} for n in [10] * 8 + [40] * 4]
+    sizes = [len(b) for b in token_budget_batches(iter(exs), max_batch=8, token_budget=80)]
+    assert sizes == [8, 2, 2]
+    assert [len(b) for b in token_budget_batches(iter(exs), max_batch=5, token_budget=0)] == [5, 5, 2]
+
+
+def test_split_by_node_gives_disjoint_streams(shards_dir, tiny_tokenizer, monkeypatch):
+    urls = resolve_urls(str(shards_dir), "train")
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        seen.append({k for b in _batches(urls, tiny_tokenizer, 100, resampled=False) for k in b["keys"]})
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == 48
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_position_reproduces_the_stream(shards_dir, tiny_tokenizer, workers):
+    urls = resolve_urls(str(shards_dir), "train")
+    full = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9, workers)]
+    for k in (4, 5):
+        rest = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9 - k, workers, skip_batches=k)]
+        assert rest == full[k:]

@@ -1,0 +1,76 @@
+"""Side effects of training go through callbacks; the loop imports no tracker (OLMo-core style).
+
+Hooks (all optional): on_train_start(info), on_step(step, metrics), on_skip(step, info),
+on_checkpoint(path, step), on_train_end(summary); `checkpoint_meta()` may add keys to every meta.json.
+Only rank 0 gets the default callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class Callback:
+    def on_train_start(self, info: dict) -> None: ...
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def on_skip(self, step: int, info: dict) -> None: ...
+
+    def on_checkpoint(self, path: Path, step: int) -> None: ...
+
+    def on_train_end(self, summary: dict) -> None: ...
+
+    def checkpoint_meta(self) -> dict:
+        return {}
+
+
+class CallbackList(Callback):
+    def __init__(self, callbacks: list[Callback]):
+        self.callbacks = list(callbacks)
+
+    def on_train_start(self, info: dict) -> None:
+        for c in self.callbacks:
+            c.on_train_start(info)
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        for c in self.callbacks:
+            c.on_step(step, metrics)
+
+    def on_skip(self, step: int, info: dict) -> None:
+        for c in self.callbacks:
+            c.on_skip(step, info)
+
+    def on_checkpoint(self, path: Path, step: int) -> None:
+        for c in self.callbacks:
+            c.on_checkpoint(path, step)
+
+    def on_train_end(self, summary: dict) -> None:
+        for c in self.callbacks:
+            c.on_train_end(summary)
+
+    def checkpoint_meta(self) -> dict:
+        meta: dict = {}
+        for c in self.callbacks:
+            meta.update(c.checkpoint_meta())
+        return meta
+
+
+def default_callbacks(cfg, is_main: bool) -> list[Callback]:
+    """Console progress, MLflow (when tracking is enabled) and the post-checkpoint hooks, on rank 0 only."""
+    if not is_main:
+        return []
+    from training.callbacks.console import ConsoleCallback
+    from training.callbacks.hooks import CheckpointHooks
+
+    callbacks: list[Callback] = [ConsoleCallback(cfg.train.max_steps, progress=cfg.train.progress)]
+    if cfg.tracking.enabled:
+        from training.callbacks.mlflow_cb import MLflowCallback
+
+        callbacks.append(MLflowCallback(cfg))
+    if cfg.train.checkpoint_hooks:
+        callbacks.append(CheckpointHooks(cfg.train.checkpoint_hooks))
+    return callbacks

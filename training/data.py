@@ -1,0 +1,240 @@
+"""WebDataset streaming of training shards as a list of stages (open_clip style), deterministic and resumable.
+
+    shard list (reshuffled per epoch by seed; repeated forever when `resampled`)
+    -> split_by_node -> split_by_worker -> open tar -> group members by sample key
+    -> expand: one raw example per query (JPEG bytes kept, nothing decoded yet; bad JSON skipped + counted)
+    -> shuffle buffer (seeded per rank and worker)
+    -> token-budget batching (short sequences in bigger batches)
+    -> skip the batches a resumed run already consumed (cheap: nothing decoded)
+    -> decode JPEGs + encode (chat template, patchify) + collate (undecodable frames skipped + counted)
+
+Every stage is deterministic given (seed, rank, worker), and the DataLoader hands out worker batches round
+robin, so the data position is one number: batches consumed by this rank. Errors reach the main process
+attached to the batch they were found in (`batch["data_errors"]`), so the loop can count and log them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+import webdataset as wds
+
+from training.processing import VisionParams, answer_text, collate, encode_example, smart_resize
+from vtg.errors import VTGError
+from vtg.shards import SampleMeta, decode_jpeg, list_shards
+
+log = logging.getLogger(__name__)
+
+_MEMBER = re.compile(r"^(?P<key>.+)\.(?P<ext>f\d{3}\.jpg|json)$")
+
+
+def member_key(name: str) -> tuple[str, str]:
+    """`vid.3.f007.jpg` -> (`vid.3`, `f007.jpg`). Sample keys contain dots, so wds's first-dot rule won't do."""
+    m = _MEMBER.match(name)
+    if m:
+        return m["key"], m["ext"]
+    key, _, ext = name.rpartition(".")
+    return key, ext
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Everything a worker needs to rebuild the same stream (picklable)."""
+
+    urls: tuple[str, ...]
+    seed: int
+    resampled: bool = True
+    shuffle_buffer: int = 256
+    micro_batch_size: int = 16
+    token_budget: int = 0
+    max_seq_len: int = 2048
+    skip_batches: int = 0
+    """Batches of this rank's stream already consumed (exact resume)."""
+
+
+class ErrorLog:
+    """wds-style exception handler that skips and records (reason, where)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, str]] = []
+
+    def __call__(self, exn: Exception) -> bool:
+        where = next((str(a) for a in reversed(exn.args) if isinstance(a, str) and a.endswith(".tar")), "")
+        self.add(f"unreadable_shard: {type(exn).__name__}: {str(exn.args[0]) if exn.args else exn}", where)
+        return True
+
+    def add(self, reason: str, where: str) -> None:
+        self.pending.append((reason, where))
+
+    def drain(self) -> list[tuple[str, str]]:
+        out, self.pending = self.pending, []
+        return out
+
+
+def shard_epochs(urls: tuple[str, ...], seed: int, resampled: bool) -> Iterator[dict]:
+    """The shard list, reshuffled each epoch by (seed, epoch); forever when `resampled`."""
+    epoch = 0
+    while True:
+        order = list(urls)
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        yield from ({"url": u} for u in order)
+        epoch += 1
+        if not resampled:
+            return
+
+
+def _image_size(jpeg: bytes) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(jpeg)) as im:
+        return im.height, im.width
+
+
+class Expander:
+    """Grouped tar members -> one raw example per query (frames stay JPEG bytes until the batch is decoded)."""
+
+    def __init__(self, tokenizer, vision: VisionParams, errors: ErrorLog):
+        self.tokenizer, self.vision, self.errors = tokenizer, vision, errors
+        self.overhead = len(tokenizer(tokenizer.apply_chat_template(
+            [{"role": "user", "content": [{"type": "text", "text": ""}]}], tokenize=False,
+            add_generation_prompt=True))["input_ids"]) + 12  # + vision start/end and a typical answer
+
+    def __call__(self, samples: Iterator[dict]) -> Iterator[dict]:
+        for s in samples:
+            key = s.get("__key__", "?")
+            try:
+                meta = SampleMeta.model_validate(json.loads(s["json"]))
+                jpegs = [s[f"f{i:03d}.jpg"] for i in range(meta.num_frames)]
+                if len(meta.frame_timestamps) != meta.num_frames:
+                    raise ValueError(f"{len(meta.frame_timestamps)} timestamps for {meta.num_frames} frames")
+                h, w = _image_size(jpegs[0])
+            except Exception as e:  # noqa: BLE001 - any malformed sample is skipped and counted, never fatal
+                self.errors.add(f"bad_sample: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                                f"{s.get('__url__', '')}:{key}")
+                continue
+            v = self.vision
+            rh, rw = smart_resize(h, w, v.patch_size * v.merge_size, v.min_pixels, v.max_pixels)
+            n_video = (-(-meta.num_frames // v.temporal_patch_size) * (rh // v.patch_size) * (rw // v.patch_size)
+                       // v.merge_size ** 2)
+            for qi, q in enumerate(meta.queries):
+                n_text = len(self.tokenizer(q.text, add_special_tokens=False)["input_ids"])
+                yield {"key": f"{meta.key}#{qi}", "jpegs": jpegs, "timestamps": meta.frame_timestamps,
+                       "query": q.text, "windows": q.windows, "n_tokens": n_video + n_text + self.overhead}
+
+
+def token_budget_batches(examples: Iterator[dict], max_batch: int, token_budget: int) -> Iterator[list[dict]]:
+    """Greedy batches of at most `max_batch` examples whose padded size (n x longest) fits `token_budget`.
+
+    `token_budget=0` means fixed-size batches of `max_batch`. A single example over the budget forms its own batch.
+    """
+    batch: list[dict] = []
+    longest = 0
+    for ex in examples:
+        new_longest = max(longest, ex["n_tokens"])
+        over = token_budget > 0 and batch and new_longest * (len(batch) + 1) > token_budget
+        if batch and (len(batch) >= max_batch or over):
+            yield batch
+            batch, new_longest = [], ex["n_tokens"]
+        batch.append(ex)
+        longest = new_longest
+    if batch:
+        yield batch
+
+
+class ShardStream(torch.utils.data.IterableDataset):
+    """The training stream of one rank; each DataLoader worker runs its own disjoint part of it."""
+
+    def __init__(self, spec: StreamSpec, tokenizer, vision: VisionParams = VisionParams()):
+        super().__init__()
+        self.spec, self.tokenizer, self.vision = spec, tokenizer, vision
+
+    def _worker(self) -> tuple[int, int, int]:
+        rank, _, worker, num_workers = wds.utils.pytorch_worker_info()
+        return rank, worker, num_workers
+
+    def raw_batches(self, errors: ErrorLog) -> Iterator[list[dict]]:
+        s = self.spec
+        rank, worker, num_workers = self._worker()
+        # The DataLoader asks workers round robin starting at worker 0, so after k consumed batches the next
+        # one must come from the worker that would have produced batch k: physical worker w plays logical
+        # worker (w + k) mod W, and skips the batches that logical worker already delivered.
+        logical = (worker + s.skip_batches) % num_workers
+        skip = max(0, -(-(s.skip_batches - logical) // num_workers))
+        src = wds.split_by_node(shard_epochs(s.urls, s.seed, s.resampled))
+        src = islice(src, logical, None, num_workers)
+        members = wds.tariterators.tar_file_expander(wds.tariterators.url_opener(src, handler=errors),
+                                                     handler=errors)
+        samples = wds.tariterators.group_by_keys(members, keys=member_key, handler=errors)
+        examples = Expander(self.tokenizer, self.vision, errors)(samples)
+        rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
+        examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
+        batches = token_budget_batches(examples, s.micro_batch_size, s.token_budget)
+        return islice(batches, skip, None)
+
+    def encode(self, raw: list[dict], errors: ErrorLog) -> list[dict]:
+        out = []
+        for ex in raw:
+            try:
+                frames = np.stack([decode_jpeg(j) for j in ex["jpegs"]])
+                out.append(encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
+                                          answer_text(ex["windows"]), vision=self.vision,
+                                          max_length=self.spec.max_seq_len, key=ex["key"]))
+            except ValueError as e:
+                errors.add(f"bad_example: {str(e).splitlines()[0][:200]}", ex["key"])
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        errors = ErrorLog()
+        pad = self.tokenizer.pad_token_id
+        for raw in self.raw_batches(errors):
+            examples = self.encode(raw, errors)
+            batch = collate(examples, pad) if examples else {"keys": []}
+            batch["data_errors"] = errors.drain()
+            yield batch
+
+
+def check_shards(urls: list[str]) -> None:
+    """Local shard paths must exist (a missing one is a clear error, not a silent skip)."""
+    missing = [u for u in urls if "://" not in u and not Path(u).is_file()]
+    if missing:
+        raise VTGError(f"shard not found: {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1
+                                                           else "") + "; re-run preprocess or fix train.shards_dir")
+
+
+def resolve_urls(shards: str | list[str], split: str) -> list[str]:
+    """A shard root (-> `list_shards(root, split)`) or an explicit list of shard paths/URLs."""
+    urls = list_shards(shards, split) if isinstance(shards, (str, Path)) else list(shards)
+    check_shards(urls)
+    return urls
+
+
+def make_loader(spec: StreamSpec, tokenizer, vision: VisionParams, num_workers: int,
+                prefetch_factor: int) -> torch.utils.data.DataLoader:
+    kw = dict(prefetch_factor=prefetch_factor, persistent_workers=False) if num_workers > 0 else {}
+    return torch.utils.data.DataLoader(ShardStream(spec, tokenizer, vision), batch_size=None,
+                                       num_workers=num_workers, worker_init_fn=_worker_init, **kw)
+
+
+def _worker_init(worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+def read_examples(urls: list[str], tokenizer, vision: VisionParams, limit: int,
+                  max_seq_len: int) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The first `limit` encoded examples of a shard list, in order, and the errors met (for sanity checks)."""
+    spec = StreamSpec(urls=tuple(urls), seed=0, resampled=False, shuffle_buffer=1, micro_batch_size=1,
+                      max_seq_len=max_seq_len)
+    stream = ShardStream(spec, tokenizer, vision)
+    errors = ErrorLog()
+    raw = [b[0] for b in islice(stream.raw_batches(errors), limit)]
+    return stream.encode(raw, errors), errors.drain()

@@ -1,0 +1,104 @@
+"""Process-group setup for every launcher (deepspeed, torchrun, a plain single process) and seeding."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_env() -> None:
+    """Defaults a CPU run needs (DESIGN.md §4): one thread per rank, a project-local extension cache, and the
+    rank variables a single process lacks (else DeepSpeed looks for mpi4py)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def init_distributed(strategy: str = "deepspeed") -> DistInfo:
+    """Initialise (once) the default process group: nccl on GPUs, gloo on CPU."""
+    prepare_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
+    if not torch_dist.is_initialized():
+        if strategy == "deepspeed":
+            import deepspeed
+
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        else:
+            torch_dist.init_process_group(backend=backend)
+    return DistInfo(torch_dist.get_rank(), torch_dist.get_world_size(), local_rank, device, backend)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier() -> None:
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.barrier()

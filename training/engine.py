@@ -1,0 +1,178 @@
+"""Two engines behind one small interface: DeepSpeed ZeRO 0-3 (default) and PyTorch FSDP2 (`fully_shard`).
+
+The loop calls: forward(inputs) -> loss, backward(loss), step() -> True on an optimizer step, grad_norm(),
+lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0) for the HF export.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from training.ds_config import build_ds_config
+from training.optim import build_optimizer, build_scheduler
+from vtg.errors import VTGError
+
+log = logging.getLogger(__name__)
+DS_TAG = "state"
+
+
+class DeepSpeedEngine:
+    def __init__(self, model: torch.nn.Module, tcfg, world_size: int):
+        import deepspeed
+
+        self.stage = tcfg.zero_stage
+        self.ds_config = build_ds_config(tcfg, world_size)
+        optimizer = build_optimizer(model, tcfg)
+        scheduler = build_scheduler(optimizer, tcfg)
+        self.schedule = dict(vars(scheduler.lr_lambdas[0]))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            config=self.ds_config, dist_init_required=False)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def forward(self, inputs: dict) -> torch.Tensor:
+        return self.engine(**inputs).loss
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> bool:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.step()
+        return boundary
+
+    def grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag=DS_TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise VTGError(f"{directory}: no DeepSpeed state to resume from (tag {DS_TAG!r})")
+        keep_schedule_from_config(self.scheduler, self.schedule)
+
+    def full_state_dict(self) -> dict | None:
+        """Complete weights on rank 0 (gathered under ZeRO-3; every rank must call this)."""
+        if self.stage == 3:
+            return self.engine._zero3_consolidated_16bit_state_dict()
+        return self.module.state_dict() if self.engine.global_rank == 0 else None
+
+
+class FSDPEngine:
+    """FSDP2: each decoder layer and vision block is its own `fully_shard` unit, then the root."""
+
+    def __init__(self, model: torch.nn.Module, tcfg, world_size: int):
+        import warnings
+
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # HF returns a ModelOutput whose loss is a view; we never modify it in place.
+        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        for unit in _shard_units(model):
+            fully_shard(unit, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        self.model = model
+        self.optimizer = build_optimizer(model, tcfg)
+        self.scheduler = build_scheduler(self.optimizer, tcfg)
+        self.schedule = dict(vars(self.scheduler.lr_lambdas[0]))
+        self.grad_accum, self.clip = tcfg.grad_accum, tcfg.grad_clip
+        self.micro = 0
+        self._norm: float | None = None
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    def forward(self, inputs: dict) -> torch.Tensor:
+        return self.model(**inputs).loss
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.grad_accum).backward()
+
+    def step(self) -> bool:
+        self.micro += 1
+        if self.micro % self.grad_accum:
+            return False
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
+        self._norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def grad_norm(self) -> float | None:
+        return self._norm
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(directory / "fsdp"))
+        torch.save({"scheduler": self.scheduler.state_dict(), "micro": self.micro},
+                   directory / f"fsdp_extra_rank{torch.distributed.get_rank()}.pt")
+
+    def load(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(directory / "fsdp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        extra = torch.load(directory / f"fsdp_extra_rank{torch.distributed.get_rank()}.pt", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        keep_schedule_from_config(self.scheduler, self.schedule)
+        self.micro = extra["micro"]
+
+    def full_state_dict(self) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if torch.distributed.get_rank() == 0 else None
+
+
+def keep_schedule_from_config(scheduler, schedule: dict) -> None:
+    """LambdaLR.load_state_dict restores the lambda's saved attributes; the current config's schedule wins
+    (identical for an exact resume; a raised max_steps extends the cosine instead of staying at its floor)."""
+    for fn in scheduler.lr_lambdas:
+        vars(fn).update(schedule)
+
+
+def _shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    units = []
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith(("DecoderLayer", "VisionBlock")):
+            units.append(module)
+    return units
+
+
+def build_engine(model: torch.nn.Module, tcfg, world_size: int):
+    if tcfg.strategy == "fsdp":
+        if tcfg.zero_stage != 2 or tcfg.offload_optimizer or tcfg.offload_param:
+            log.info("strategy fsdp: zero_stage/offload settings are DeepSpeed's and are ignored")
+        return FSDPEngine(model, tcfg, world_size)
+    return DeepSpeedEngine(model, tcfg, world_size)

@@ -1,0 +1,296 @@
+"""The training loop: one function, `train(cfg)`, used by the CLI, the benchmarks and the tests.
+
+Same loop for every launcher (deepspeed / torchrun / single process) and both engines (DeepSpeed ZeRO 0-3,
+FSDP2). Side effects go through callbacks; this module imports no tracker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from training import checkpoint as ckpt
+from training.callbacks import Callback, CallbackList, default_callbacks
+from training.data import StreamSpec, make_loader, read_examples, resolve_urls
+from training.dist import DistInfo, all_reduce_max, all_reduce_sum, barrier, init_distributed, rng_state, \
+    seed_everything, set_rng_state
+from training.engine import build_engine
+from training.guards import REASON_OF, REASONS, StabilityGuard
+from training.metrics import memory_metrics
+from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
+from training.processing import VisionParams, model_inputs
+from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
+from vtg import lineage
+from vtg.config import PipelineConfig, config_hash
+from vtg.errors import VTGError
+
+log = logging.getLogger("training")
+
+
+@dataclass
+class RunState:
+    """What a rank needs beyond the engine state to continue bit-exactly."""
+
+    step: int = 0
+    batches: int = 0
+    """Batches taken from this rank's loader (including skipped and empty ones): the data position."""
+    samples: int = 0
+    skipped_batches: int = 0
+    data_errors: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+def data_version(shards_dir: str | Path) -> str:
+    """The manifest's data version when preprocess wrote one, else a digest of the shard tree."""
+    manifest = Path(shards_dir) / "manifest.json"
+    if manifest.is_file():
+        try:
+            version = json.loads(manifest.read_text()).get("data_version")
+            if version:
+                return str(version)
+        except json.JSONDecodeError:
+            pass
+    return lineage.tree_digest(shards_dir, "**/*.tar")
+
+
+def build_model(tcfg, device: torch.device):
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars would interleave with ours
+
+    base = resolve_base(tcfg.model.base)
+    attn = choose_attn_implementation(tcfg.model.attn_implementation, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision, torch.float32)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(base)
+    except OSError as e:
+        raise VTGError(f"train.model.base={tcfg.model.base!r}: cannot load ({str(e).splitlines()[0]})") from None
+    model.config.use_cache = False
+    if tcfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    model = apply_finetune_mode(model, tcfg.model.finetune, lora_r=tcfg.model.lora_r,
+                                lora_alpha=tcfg.model.lora_alpha, freeze_vision=tcfg.model.freeze_vision)
+    model.to(device).train()
+    return model, tokenizer, base
+
+
+def _broadcast(obj, dist: DistInfo):
+    if dist.world_size == 1:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _resume_dir(tcfg) -> Path | None:
+    if tcfg.resume == "never":
+        return None
+    if tcfg.resume == "auto":
+        return ckpt.latest_checkpoint(tcfg.out_dir)
+    ckpt.read_checkpoint_meta(tcfg.resume)
+    return ckpt.resolve_checkpoint(tcfg.resume)
+
+
+class Trainer:
+    def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None):
+        self.cfg, self.tcfg = cfg, cfg.train
+        self.dist = init_distributed(self.tcfg.strategy)
+        seed_everything(self.tcfg.seed)
+        self.callbacks = CallbackList(default_callbacks(cfg, self.dist.is_main) if callbacks is None
+                                      else callbacks)
+        self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
+        self.vision = VisionParams.from_model_config(self.model.config)
+        self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
+        self.data_version = _broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None,
+                                       self.dist)
+        self.git_commit = lineage.git_commit()
+        self.trainable, self.total = count_parameters(self.model)
+        self.sanity_checks()
+        self.engine = build_engine(self.model, self.tcfg, self.dist.world_size)
+        self.guard = StabilityGuard.from_config(self.tcfg.guards)
+        self.state = RunState()
+        self.resumed_meta: dict = {}
+        self.resume()
+
+    # ---- before step 1 -------------------------------------------------------------------------------
+    def sanity_checks(self) -> None:
+        check_tokenizer(self.tokenizer)
+        vision_ids = {self.model.config.video_token_id, self.model.config.image_token_id,
+                      self.model.config.vision_start_token_id, self.model.config.vision_end_token_id}
+        examples, errors = read_examples(self.urls, self.tokenizer, self.vision, self.tcfg.data.sanity_examples,
+                                         self.tcfg.data.max_seq_len)
+        check_examples(examples, errors, self.tokenizer, vision_ids, self.tcfg.data.max_seq_len)
+        check_model(self.model, self.tcfg.model.finetune, self.tcfg.model.freeze_vision, self.trainable,
+                    self.total)
+        check_data_version(self.data_version)
+
+    def resume(self) -> None:
+        src = _broadcast(str(_resume_dir(self.tcfg) or "") if self.dist.is_main else None, self.dist)
+        if not src:
+            return
+        src = Path(src)
+        meta = ckpt.read_checkpoint_meta(src)
+        rank_file = src / ckpt.ENGINE_DIR / f"rank-{self.dist.rank}.pt"
+        if meta.get("world_size", 1) != self.dist.world_size or not rank_file.is_file():
+            raise VTGError(f"{src}: saved with world size {meta.get('world_size')}, now {self.dist.world_size}; "
+                           "exact resume needs the same world size (or set train.resume=never)")
+        if meta.get("data_version") != self.data_version:
+            log.warning("resuming %s trained on data %s, shards are now %s", src, meta.get("data_version"),
+                        self.data_version)
+        self.engine.load(src / ckpt.ENGINE_DIR)
+        saved = torch.load(rank_file, weights_only=False)
+        if saved["num_workers"] != self.tcfg.data.num_workers:
+            raise VTGError(f"{src}: saved with train.data.num_workers={saved['num_workers']}; the data order "
+                           "depends on it, resume with the same value")
+        self.state = RunState(**saved["run"])
+        self.guard.load_state_dict(saved["guard"])
+        set_rng_state(saved["rng"])
+        self.resumed_meta = meta
+        log.info("resumed from %s (step %d, %d batches consumed)", src, self.state.step, self.state.batches)
+
+    # ---- checkpointing -------------------------------------------------------------------------------
+    def save(self, last_loss: float) -> Path | None:
+        step, root = self.state.step, Path(self.tcfg.out_dir)
+        tmp = ckpt.temp_dir_for(root, step)
+        if self.dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / ckpt.ENGINE_DIR).mkdir(parents=True)
+        barrier()
+        self.engine.save(tmp / ckpt.ENGINE_DIR)
+        torch.save({"run": self.state.__dict__, "guard": self.guard.state_dict(), "rng": rng_state(),
+                    "num_workers": self.tcfg.data.num_workers},
+                   tmp / ckpt.ENGINE_DIR / f"rank-{self.dist.rank}.pt")
+        state_dict = self.engine.full_state_dict()
+        final = None
+        if self.dist.is_main:
+            self.export_hf(state_dict, tmp / ckpt.HF_DIR)
+            meta = {"data_version": self.data_version, "git_commit": self.git_commit,
+                    "config_hash": config_hash(self.cfg), "finetune": self.tcfg.model.finetune,
+                    "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
+                    "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
+                    "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
+            final = ckpt.finalize(root, step, meta, self.cfg.model_dump(mode="json"), self.tcfg.keep_last)
+        barrier()
+        if final is not None:
+            self.callbacks.on_checkpoint(final, step)
+        return final
+
+    def export_hf(self, state_dict: dict | None, out: Path) -> None:
+        """save_pretrained of the full model, or of the adapter only for LoRA (peft filters the state dict)."""
+        self.engine.module.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+        self.tokenizer.save_pretrained(out)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def _loader(self):
+        d = self.tcfg.data
+        spec = StreamSpec(urls=tuple(self.urls), seed=self.tcfg.seed, resampled=d.resampled,
+                          shuffle_buffer=d.shuffle_buffer, micro_batch_size=self.tcfg.micro_batch_size,
+                          token_budget=d.token_budget, max_seq_len=d.max_seq_len, skip_batches=self.state.batches)
+        return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
+
+    def run_info(self) -> dict:
+        t = self.tcfg
+        return {"base": t.model.base, "finetune": t.model.finetune, "trainable_params": self.trainable,
+                "total_params": self.total, "world_size": self.dist.world_size,
+                "micro_batch_size": t.micro_batch_size, "grad_accum": t.grad_accum,
+                "effective_batch": t.micro_batch_size * t.grad_accum * self.dist.world_size,
+                "data_version": self.data_version, "git_commit": self.git_commit, "start_step": self.state.step,
+                "mlflow_run_id": self.resumed_meta.get("mlflow_run_id"), "shards": len(self.urls)}
+
+    def fit(self, stop_after: int | None = None) -> dict:
+        t, st, dev = self.tcfg, self.state, self.dist.device
+        start_wall = time.perf_counter()
+        self.callbacks.on_train_start(self.run_info())
+        stop_at = min(t.max_steps, stop_after) if stop_after else t.max_steps
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+        window = {"loss": [], "tokens": 0.0, "samples": 0.0, "wait": 0.0}
+        last_step_end = time.perf_counter()
+        last_loss, completed = float("nan"), st.step >= stop_at
+        loader = iter(self._loader()) if not completed else None
+        while not completed:
+            t0 = time.perf_counter()
+            try:
+                batch = next(loader)
+            except StopIteration:
+                raise VTGError("the training stream ended before max_steps (set train.data.resampled=true or "
+                               "lower train.max_steps)") from None
+            window["wait"] += time.perf_counter() - t0
+            st.batches += 1
+            if batch["data_errors"]:
+                self._count_data_errors(batch["data_errors"])
+            if not batch["keys"]:
+                continue
+            loss = self.engine.forward(model_inputs(batch, dev, dtype))
+            value = float(loss.detach())
+            verdict = REASON_OF[int(all_reduce_max(REASONS[self.guard.judge(value)], dev))]
+            if verdict is not None:
+                self._skip(verdict, value, batch["keys"])
+                continue
+            self.engine.backward(loss)
+            window["loss"].append(value)
+            window["tokens"] += float(batch["attention_mask"].sum())
+            window["samples"] += len(batch["keys"])
+            if not self.engine.step():
+                continue
+            st.step += 1
+            mean_loss, tokens, samples = all_reduce_sum(
+                [sum(window["loss"]) / len(window["loss"]), window["tokens"], window["samples"]], dev)
+            last_loss = mean_loss / self.dist.world_size
+            self.guard.accept(last_loss)
+            st.samples += int(samples)
+            st.losses.append(last_loss)
+            now = time.perf_counter()
+            if st.step % t.log_every == 0 or st.step == stop_at:
+                step_time = now - last_step_end
+                self.callbacks.on_step(st.step, {
+                    "train/loss": last_loss, "train/lr": self.engine.lr(),
+                    "train/grad_norm": self.engine.grad_norm() or float("nan"),
+                    "perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
+                    "perf/samples_per_s": samples / step_time,
+                    "perf/data_wait_frac": min(1.0, window["wait"] / step_time),
+                    "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
+                    **memory_metrics(dev)})
+            last_step_end = now
+            window = {"loss": [], "tokens": 0.0, "samples": 0.0, "wait": 0.0}
+            if st.step % t.save_every == 0 or st.step == stop_at:
+                self.save(last_loss)
+            completed = st.step >= stop_at
+        del loader
+        summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
+                   "data_errors": st.data_errors, "wall_s": time.perf_counter() - start_wall,
+                   "completed": st.step >= t.max_steps, "losses": list(st.losses)}
+        self.callbacks.on_train_end(summary)
+        return summary
+
+    def _count_data_errors(self, errors: list[tuple[str, str]]) -> None:
+        self.state.data_errors += len(errors)
+        for reason, where in errors:
+            log.warning("skipped bad data (%s) at %s", reason, where)
+
+    def _skip(self, reason: str, loss: float, keys: list[str]) -> None:
+        self.state.skipped_batches += 1
+        info = {"reason": reason, "loss": loss if math.isfinite(loss) else str(loss), "keys": keys,
+                "rank": self.dist.rank}
+        log.warning("rank %d step %d: skipped batch (%s, local loss %s) keys %s", self.dist.rank, self.state.step,
+                    reason, info["loss"], ", ".join(keys[:8]) + (" ..." if len(keys) > 8 else ""))
+        self.callbacks.on_skip(self.state.step, info)
+        if self.guard.skipped():
+            raise VTGError(f"{self.guard.consecutive_skips} batches skipped in a row ({reason}): the run has "
+                           "diverged; lower train.lr or check the data")
+
+
+def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None) -> dict:
+    """Train per `cfg` (resuming per `train.resume`); returns a summary with the per-step losses."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Trainer(cfg, callbacks).fit(stop_after=stop_after)
