@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+from vtg.errors import VTGError
 
 
 def _print_summary(res) -> None:
@@ -37,13 +38,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint step dir, a `latest`/`best` pointer, or a checkpoint root (-> latest)")
     parser.add_argument("--split", choices=["val", "test"], default=None,
                         help="split to evaluate (default: evaluate.split)")
+    parser.add_argument("--all", action="store_true",
+                        help="with a checkpoint root: evaluate every complete step checkpoint in it, oldest first "
+                             "(stored results are reused), so steps.csv holds the whole curve")
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
     if not args.checkpoint:
         parser.error("--checkpoint is required (e.g. --checkpoint checkpoints/latest)")
     from evaluation.api import evaluate_checkpoint
 
-    _print_summary(evaluate_checkpoint(args.checkpoint, args.split, cfg))
+    targets = [args.checkpoint]
+    if args.all:
+        from training.checkpoint import list_checkpoints
+
+        targets = list_checkpoints(args.checkpoint)
+        if not targets:
+            raise VTGError(f"{args.checkpoint}: no complete step checkpoints to evaluate (--all wants a root)")
+    for target in targets:
+        _print_summary(evaluate_checkpoint(target, args.split, cfg))
     return 0
 
 

@@ -141,7 +141,10 @@ def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
     overrides = [f"evaluate.{k}={v}" for k, v in cfg.evaluate.model_dump().items()
                  if k in ("shards_dir", "out_dir", "store_dir", "batch_size", "max_new_tokens", "device")]
     overrides += [f"tracking.{k}={v}" for k, v in cfg.tracking.model_dump().items()]
-    assert run_cli(main, ["--checkpoint", str(env["root"]), "--split", "test", *overrides]) == 0
+    assert run_cli(main, ["--checkpoint", str(env["root"]), "--all", "--split", "test", *overrides]) == 0
     out = capsys.readouterr().out
-    assert "step 30) on test" in out and "prior (blind)" in out and "visual gain" in out
+    assert "step 0) on test" in out and "step 30) on test" in out and "prior (blind)" in out
+    assert "visual gain" in out
+    rows = list(csv.DictReader((Path(cfg.evaluate.out_dir) / "steps.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 30]
     assert client.get_model_version_by_alias("vtg-test", "best").version == before
