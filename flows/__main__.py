@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.errors import VTGError
@@ -24,13 +25,15 @@ def _main(argv: list[str] | None = None) -> int:
     resolve_config(args)  # validate (and --dry-run) before Prefect starts
     from flows.pipeline import post_training
 
-    try:
-        post_training(params=args.params, experiment=args.experiment, overrides=list(args.overrides))
-    except VTGError:
-        raise
-    except Exception as e:  # the Prefect log above has the traceback; the user gets one line
-        raise VTGError(f"post-training flow failed: {type(e).__name__}: {e} (details in the log above; fix and "
-                       "rerun, or retry the flow run: see README 'Rerun failed steps')") from None
+    state = post_training(params=args.params, experiment=args.experiment, overrides=list(args.overrides),
+                          return_state=True)
+    if not state.is_completed():
+        run_id = state.state_details.flow_run_id
+        entry = f"{Path(__file__).with_name('pipeline.py')}:post_training"
+        first = (state.message or state.name).splitlines()[0]
+        raise VTGError(f"post-training flow run {run_id} {state.name.lower()}: {first}\n"
+                       f"  finished steps are kept; after fixing, retry it: prefect flow-run retry {run_id} "
+                       f"--entrypoint {entry}")
     return 0
 
 

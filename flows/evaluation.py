@@ -30,7 +30,7 @@ RESULTS_FILE = "checkpoint_evals.jsonl"
 
 def results_path(cfg: PipelineConfig) -> Path:
     """Every per-checkpoint evaluation appends one line here (the report and the waiting flow read it)."""
-    return Path(cfg.evaluate.out_dir) / RESULTS_FILE
+    return Path(cfg.orchestration.state_dir) / RESULTS_FILE
 
 
 def checkpoint_config(checkpoint_dir: str | Path, params: str = "params.yaml") -> PipelineConfig:
@@ -55,7 +55,9 @@ def resolve_callable(spec: str):
 
 def as_metrics(result: Any) -> dict[str, Any]:
     """Whatever the evaluation API returns (dict, pydantic model, dataclass) as a flat dict."""
-    if hasattr(result, "model_dump"):
+    if hasattr(result, "to_dict"):
+        result = result.to_dict()
+    elif hasattr(result, "model_dump"):
         result = result.model_dump(mode="json")
     elif hasattr(result, "__dataclass_fields__"):
         import dataclasses
@@ -70,8 +72,8 @@ def run_evaluation_api(cfg: PipelineConfig, checkpoint_dir: str, split: str) -> 
     return as_metrics(fn(checkpoint_dir, split, cfg))
 
 
-def scalar_metrics(result: dict[str, Any]) -> dict[str, float]:
-    metrics = result.get("metrics", result)
+def scalar_metrics(result: dict[str, Any], key: str = "metrics") -> dict[str, float]:
+    metrics = result.get(key) or result.get("model") or (result if key == "metrics" else {})
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
@@ -88,6 +90,8 @@ def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", pare
     result = run_evaluation_api(cfg, checkpoint_dir, split)
     record = {"checkpoint_dir": checkpoint_dir, "step": step, "split": split, "saved_at": saved_at,
               "started_at": started, "finished_at": time.time(), "metrics": scalar_metrics(result),
+              "baselines": {k: scalar_metrics(v) for k, v in (result.get("baselines") or {}).items()},
+              "report": result.get("report"),
               "mlflow_run_id": result.get("mlflow_run_id") or result.get("run_id"),
               "parent_run_id": parent_run_id}
     results = results_path(cfg)

@@ -97,7 +97,7 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
 
 def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
                         summary: dict[str, Any]) -> None:
-    queue = Path(cfg.evaluate.out_dir) / f"checkpoint_queue-{flow_run_id}.jsonl"
+    queue = Path(cfg.orchestration.state_dir) / f"checkpoint_queue-{flow_run_id}.jsonl"
     queue.parent.mkdir(parents=True, exist_ok=True)
     trained = _run_cached(tasks.train, Path(cfg.train.out_dir) / "latest",
                           content=stage_content(cfg, "train", summary["shard_digest"], cfg.train),
@@ -111,7 +111,8 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
         raise VTGError(f"no checkpoint to evaluate under {cfg.train.out_dir} (training wrote none?)")
     test = evaluate_checkpoint(checkpoint_dir=best_dir, step=best_step, split="test", parent_run_id=parent or "",
                                params=args.params)
-    summary.update(best_checkpoint=best_dir, best_step=best_step, test_metrics=test.get("metrics", {}))
+    summary.update(best_checkpoint=best_dir, best_step=best_step, test_metrics=test.get("metrics", {}),
+                   test_baselines=test.get("baselines", {}), test_report=test.get("report"))
 
 
 def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:

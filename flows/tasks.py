@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -181,6 +182,32 @@ def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: 
          "--params", args.params], env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
 
 
+_NON_SEMANTIC_TRAIN = {"resume", "checkpoint_hooks", "progress", "log_every"}
+
+
+def _train_fingerprint(train_section: dict, data_version: str | None) -> str:
+    kept = {k: v for k, v in train_section.items() if k not in _NON_SEMANTIC_TRAIN}
+    return json.dumps([kept, data_version], sort_keys=True)
+
+
+def stale_checkpoints(cfg: PipelineConfig) -> str | None:
+    """Why the checkpoints under train.out_dir belong to another run (other train params or data), else None.
+
+    Training resumes from `latest` (exact resume after a crash or a retry); checkpoints of a different
+    configuration must not be resumed, so the flow clears them first, as `dvc repro` clears a stage's outputs."""
+    latest = Path(cfg.train.out_dir) / "latest"
+    if not (latest / "meta.json").is_file():
+        return None
+    old = _read_json(latest / "config.json").get("train", {})
+    meta = _read_json(latest / "meta.json")
+    from training.loop import data_version
+
+    now = _train_fingerprint(cfg.train.model_dump(mode="json"), data_version(cfg.train.shards_dir))
+    if _train_fingerprint(old, meta.get("data_version")) != now:
+        return "different train params or data"
+    return None
+
+
 @_cached_stage("train-deepspeed")
 def train(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
           queue: str) -> dict:
@@ -195,6 +222,10 @@ def train(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: 
     elif mode == "embedded":
         _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent)
     logger.info("per-checkpoint evaluation: %s", mode)
+    if reason := stale_checkpoints(cfg):
+        logger.warning("clearing %s: its checkpoints come from %s (no resume across configs)",
+                       cfg.train.out_dir, reason)
+        shutil.rmtree(cfg.train.out_dir)
     hooks = list(getattr(cfg.train, "checkpoint_hooks", []) or [])
     extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks and hasattr(
         cfg.train, "checkpoint_hooks") else []
@@ -261,6 +292,11 @@ def evaluation_records(cfg: PipelineConfig, expected: list[dict]) -> list[dict]:
 
 
 def pick_best(cfg: PipelineConfig, evals: list[dict], train_out: dict) -> tuple[str, int]:
+    """The `best` pointer evaluation maintains (by evaluate.select_metric on val), else the best record, else latest."""
+    pointer = Path(cfg.train.out_dir) / "best"
+    meta = _read_json(pointer / "meta.json") if pointer.exists() else {}
+    if meta.get("step") is not None and any(int(e["step"]) == int(meta["step"]) for e in evals):
+        return str(pointer.resolve()), int(meta["step"])
     metric = cfg.evaluate.select_metric
     scored = [e for e in evals if metric in e.get("metrics", {}) and Path(e["checkpoint_dir"]).is_dir()]
     if scored:
@@ -291,8 +327,14 @@ def report_markdown(s: dict[str, Any]) -> str:
         lines.append(f"| {k} | `{s.get(k)}` |")
     test = s.get("test_metrics") or {}
     if test:
+        base = s.get("test_baselines") or {}
         lines += ["", f"## Held-out test metrics of the best checkpoint (`{s.get('best_checkpoint')}`)", "",
-                  "| metric | value |", "| --- | --- |", *[f"| {k} | {v:.4f} |" for k, v in test.items()]]
+                  f"report: {s.get('test_report') or '-'}", "",
+                  "| metric | model | " + " | ".join(f"blind: {b}" for b in base) + " |",
+                  "| --- | --- |" + " --- |" * len(base)]
+        for k, v in test.items():
+            row = " | ".join(f"{base[b][k]:.4f}" if k in base[b] else "-" for b in base)
+            lines.append(f"| {k} | {v:.4f} | {row} |")
     evals = s.get("evaluations", [])
     if evals:
         keys = sorted({k for e in evals for k in e.get("metrics", {})})

@@ -50,6 +50,8 @@ class OrchestrationConfig(Section):
     """Deployment triggered by `checkpoint.saved` events."""
     eval_wait_s: float = Field(1800.0, gt=0)
     """How long the flow waits for outstanding checkpoint evaluations after training ends."""
+    state_dir: str = "reports/orchestration"
+    """Checkpoint queues, embedded-evaluator logs and the per-checkpoint evaluation index of flow runs."""
     report_path: str = "reports/pipeline_report.md"
     """Final run report (markdown): lineage, shard manifest, metrics per checkpoint, links."""
     prefect_port: int = Field(4200, ge=1, le=65535)

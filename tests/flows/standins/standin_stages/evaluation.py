@@ -12,7 +12,9 @@ from vtg import lineage
 def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
     record_call(f"evaluate:{Path(checkpoint_dir).name}:{split}")
     meta = json.loads((Path(checkpoint_dir) / "meta.json").read_text())
-    stored = Path(checkpoint_dir) / f"eval-{split}.json"
+    content = lineage.tree_digest(Path(checkpoint_dir).resolve())[:16]
+    stored = Path(cfg.evaluate.store_dir) / f"{Path(checkpoint_dir).resolve().name}-{content}-{split}.json"
+    stored.parent.mkdir(parents=True, exist_ok=True)
     if stored.is_file():
         return json.loads(stored.read_text())
     time.sleep(float(os.environ.get("STANDIN_EVAL_S", "0.1")))
@@ -28,7 +30,7 @@ def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(cfg.tracking.experiment)
         parent = os.environ.get(lineage.ENV_PARENT_RUN_ID)
-        tags = {lineage.TAG_STAGE: "evaluate", lineage.TAG_CHECKPOINT: str(Path(checkpoint_dir).resolve()),
+        tags = {lineage.TAG_STAGE: "evaluate", "vtg.split": split, lineage.TAG_CHECKPOINT: str(Path(checkpoint_dir).resolve()),
                 lineage.TAG_STEP: str(step), lineage.TAG_TRAIN_RUN: meta.get("mlflow_run_id") or "",
                 **({"mlflow.parentRunId": parent} if parent else {})}
         run = client.create_run(exp_id, run_name=f"eval-{split}-{step}", tags=tags)
@@ -38,4 +40,18 @@ def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
         client.set_terminated(run_id)
     result = {"metrics": metrics, "split": split, "step": step, "mlflow_run_id": run_id}
     stored.write_text(json.dumps(result))
+    publish(cfg, result)
     return result
+
+
+def publish(cfg, result: dict) -> None:
+    """The stage outputs DVC tracks (same names as the real evaluation)."""
+    out = Path(cfg.evaluate.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result["metrics"], sort_keys=True))
+    (out / "predictions.jsonl").write_text(json.dumps({"step": result["step"]}) + "\n")
+    (out / "report.html").write_text(f"<html>step {result['step']}</html>")
+    (out / "steps.csv").write_text("step,r1@0.5\n%d,%s\n" % (result["step"], result["metrics"]["r1@0.5"]))
+    for png in ("step_curve.png", "iou_hist.png"):
+        (out / png).write_bytes(b"\x89PNG stand-in")
+

@@ -1,0 +1,162 @@
+"""`python -m flows.lineage TARGET`: print the lineage chain of a model version, an eval run or a checkpoint.
+
+TARGET is a checkpoint directory (a step dir or a `latest`/`best` pointer), an MLflow run id (eval, train or
+pipeline run), or a registered model version (`models:/vtg-grounding/3`, `models:/vtg-grounding@best`).
+The chain: source annotations + videos digest -> shard digest (DVC) -> preprocess params -> train run (params,
+commit) -> checkpoint -> eval metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vtg import lineage as L
+from vtg.cli_common import run_cli
+from vtg.config import load_config
+from vtg.errors import VTGError
+
+from flows.tracking import PARENT_TAG, client, experiment_id
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w-]+))$")
+TRAIN_PARAMS = ("lr", "max_steps", "micro_batch_size", "zero_stage", "seed", "model.base", "model.finetune")
+
+
+@dataclass
+class Chain:
+    source_digest: str | None = None
+    shard_digest: str | None = None
+    dvc_md5: str | None = None
+    preprocess: dict[str, str] = field(default_factory=dict)
+    pipeline_run: str | None = None
+    flow_run: str | None = None
+    train_run: str | None = None
+    train_params: dict[str, str] = field(default_factory=dict)
+    git_commit: str | None = None
+    config_hash: str | None = None
+    checkpoint: str | None = None
+    step: int | None = None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    model_version: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def _run(c, run_id: str | None):
+    if not run_id:
+        return None
+    try:
+        return c.get_run(run_id)
+    except Exception:  # noqa: BLE001 - unknown id or deleted run: the chain just stops there
+        return None
+
+
+def start_from(c, target: str) -> tuple[Any, str | None, int | None, str | None]:
+    """(run, checkpoint path, step, model version) from whatever the user gave."""
+    path = Path(target)
+    if path.exists():
+        meta_path = path.resolve() / "meta.json"
+        if not meta_path.is_file():
+            raise VTGError(f"{target}: not a complete checkpoint (no meta.json); give a step dir or latest/best")
+        meta = json.loads(meta_path.read_text())
+        return _run(c, meta.get("mlflow_run_id")), str(path.resolve()), int(meta["step"]), None
+    if m := MODEL_URI.match(target):
+        mv = (c.get_model_version(m["name"], m["version"]) if m["version"]
+              else c.get_model_version_by_alias(m["name"], m["alias"]))
+        ckpt, step = mv.tags.get(L.TAG_CHECKPOINT), mv.tags.get(L.TAG_STEP)
+        run = _run(c, mv.tags.get(L.TAG_TRAIN_RUN)) or _run(c, mv.run_id)
+        return run, ckpt, int(step) if step else None, f"{mv.name} v{mv.version}"
+    if RUN_ID.match(target):
+        run = _run(c, target)
+        if run is None:
+            raise VTGError(f"no MLflow run {target} in this tracking store")
+        t = run.data.tags
+        return run, t.get(L.TAG_CHECKPOINT), int(t[L.TAG_STEP]) if t.get(L.TAG_STEP) else None, None
+    raise VTGError(f"{target!r} is neither a checkpoint directory, an MLflow run id, nor models:/NAME/VERSION "
+                   "or models:/NAME@ALIAS")
+
+
+def build_chain(c, exp_id: str, target: str) -> Chain:
+    run, ckpt, step, version = start_from(c, target)
+    ch = Chain(checkpoint=ckpt, step=step, model_version=version)
+    train = run
+    if run is not None and run.data.tags.get(L.TAG_STAGE) == "evaluate":
+        train = _run(c, run.data.tags.get(L.TAG_TRAIN_RUN))
+    if train is not None and train.data.tags.get(L.TAG_STAGE) not in ("pipeline",):
+        t = train.data.tags
+        ch.train_run = train.info.run_id
+        ch.train_params = {k: v for k, v in train.data.params.items() if k.split("train.", 1)[-1] in TRAIN_PARAMS}
+        ch.git_commit, ch.config_hash = t.get(L.TAG_GIT_COMMIT), t.get(L.TAG_CONFIG_HASH)
+        ch.shard_digest = t.get(L.TAG_DATA_VERSION)
+    pipeline = _run(c, (train or run).data.tags.get(PARENT_TAG)) if (train or run) is not None else None
+    if run is not None and run.data.tags.get(L.TAG_STAGE) == "pipeline":
+        pipeline = run
+    if pipeline is not None:
+        t = pipeline.data.tags
+        ch.pipeline_run, ch.flow_run = pipeline.info.run_id, t.get(L.TAG_PREFECT_FLOW_RUN)
+        ch.source_digest, ch.dvc_md5 = t.get(L.TAG_SOURCE_DIGEST), t.get("vtg.dvc_md5")
+        ch.shard_digest = ch.shard_digest or t.get(L.TAG_DATA_VERSION)
+        ch.git_commit = ch.git_commit or t.get(L.TAG_GIT_COMMIT)
+        ch.config_hash = ch.config_hash or t.get(L.TAG_CONFIG_HASH)
+        pre = _run(c, t.get("vtg.preprocess_run_id"))
+        if pre is not None:
+            ch.preprocess = dict(sorted(pre.data.params.items()))
+        if not ch.train_params:
+            ch.train_params = {k: v for k, v in pipeline.data.params.items()
+                               if k.startswith("train.") and k[6:] in TRAIN_PARAMS}
+    if ch.train_run:
+        flt = f"tags.`{L.TAG_TRAIN_RUN}` = '{ch.train_run}' and tags.`{L.TAG_STAGE}` = 'evaluate'"
+        if step is not None:
+            flt += f" and tags.`{L.TAG_STEP}` = '{step}'"
+        for r in c.search_runs([exp_id], filter_string=flt, order_by=["attributes.start_time ASC"]):
+            ch.evals.append({"run_id": r.info.run_id, "step": r.data.tags.get(L.TAG_STEP),
+                             "split": r.data.tags.get("vtg.split", "?"),
+                             "metrics": {k: round(v, 4) for k, v in sorted(r.data.metrics.items())
+                                         if "/" not in k or k.startswith("eval/") and k.count("/") == 1}})
+    return ch
+
+
+def render(ch: Chain) -> str:
+    pre = ", ".join(f"{k.removeprefix('preprocess.')}={v}" for k, v in list(ch.preprocess.items())[:12])
+    lines = [
+        f"source      annotations + videos digest {ch.source_digest or '?'}",
+        f"  -> shards data version {ch.shard_digest or '?'}  (DVC md5 {ch.dvc_md5 or '-'})",
+        f"  -> preprocess params {pre or '?'}",
+        f"  -> train run {ch.train_run or '?'}  commit {ch.git_commit or '?'}  config {ch.config_hash or '?'}",
+        f"       params {', '.join(f'{k}={v}' for k, v in ch.train_params.items()) or '?'}",
+        f"  -> checkpoint {ch.checkpoint or '?'}  step {ch.step if ch.step is not None else '?'}"
+        + (f"  (registered as {ch.model_version})" if ch.model_version else ""),
+    ]
+    for e in ch.evals or [{}]:
+        m = ", ".join(f"{k.removeprefix('eval/')}={v}" for k, v in e.get("metrics", {}).items()) or "?"
+        lines.append(f"  -> eval run {e.get('run_id', '?')} ({e.get('split', '?')}, step {e.get('step', '?')}): {m}")
+    lines.append(f"pipeline run {ch.pipeline_run or '?'}  Prefect flow run {ch.flow_run or '?'}")
+    return "\n".join(lines)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                                     epilog="The tracking store comes from --params (tracking.tracking_uri) unless "
+                                            "--tracking-uri is given.")
+    parser.add_argument("target", help="checkpoint dir, MLflow run id, or models:/NAME/VERSION | models:/NAME@ALIAS")
+    parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the params file)")
+    parser.add_argument("--json", action="store_true", help="print the chain as JSON")
+    args = parser.parse_args(argv)
+    overrides = [f"tracking.tracking_uri={args.tracking_uri}"] if args.tracking_uri else []
+    cfg = load_config(args.params, None, overrides)
+    c = client(cfg)
+    chain = build_chain(c, experiment_id(cfg), args.target)
+    print(json.dumps(chain.as_dict(), indent=1) if args.json else render(chain))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(_main))

@@ -1,0 +1,74 @@
+"""Helpers for the orchestration tests: a throwaway project directory wired to the tiny stand-in stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = Path(__file__).resolve().parent / "standins"
+PY = sys.executable
+BIN = Path(PY).parent
+
+STANDIN_OVERRIDES = [
+    "orchestration.stages.corpus=standin_stages.corpus",
+    "orchestration.stages.ingest=standin_stages.ingest",
+    "orchestration.stages.preprocess=standin_stages.preprocess",
+    "orchestration.stages.train=standin_stages.train",
+    "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint",
+    "corpus.n_videos=10",
+    "train.max_steps=6",
+    "train.save_every=2",
+    "train.keep_last=10",
+    "orchestration.task_retries=0",
+]
+
+
+def project_env(workdir: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(STANDINS), "PREFECT_HOME": str(workdir / ".prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "STANDIN_CALLS": str(workdir / "calls.txt"),
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180", "PATH": f"{BIN}:{os.environ['PATH']}",
+           "VTG_GIT_COMMIT": "", "PYTHONUNBUFFERED": "1"}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("VTG_GIT_COMMIT")
+    env.update(extra)
+    return env
+
+
+def git(workdir: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=workdir, check=True, capture_output=True, text=True).stdout
+
+
+def make_project(workdir: Path, with_dvc: bool = True) -> Path:
+    """params.yaml + experiments + dvc.yaml + a DVC repo in git, with a local remote beside it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "params.yaml", workdir / "params.yaml")
+    shutil.copytree(REPO / "experiments", workdir / "experiments")
+    (workdir / ".gitignore").write_text("/.prefect/\n/calls.txt\n/mlflow.db\n/mlruns/\n/.serve/\n/reports/orchestration/\n"
+                                       "/reports/eval_runs/\n/dvc_remote/\n/reports/pipeline_report.md\n")
+    if with_dvc:
+        git(workdir, "init", "-q")
+        subprocess.run([str(BIN / "dvc"), "init", "-q"], cwd=workdir, check=True)
+        shutil.copy(REPO / ".dvc" / "config", workdir / ".dvc" / "config")
+        shutil.copy(REPO / "dvc.yaml", workdir / "dvc.yaml")
+    return workdir
+
+
+def calls(workdir: Path) -> list[str]:
+    path = workdir / "calls.txt"
+    return [line.split()[0] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def stage_calls(workdir: Path) -> list[str]:
+    """Stage processes that really ran (evaluation API calls, `evaluate:<ckpt>:<split>`, left out)."""
+    return [c for c in calls(workdir) if not c.startswith("evaluate:")]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
