@@ -137,7 +137,7 @@ def postgres(workdir: Path, databases: tuple[str, ...] = ("prefect", "mlflow"), 
                     "-E", "UTF8", "--locale=C"], check=True, capture_output=True)
     opts = f"-p {port} -c listen_addresses={HOST} -k {root} -c fsync=off -c full_page_writes=off"
     start = subprocess.run([*sudo, pg_ctl, "-D", str(data), "-o", opts, "-l", str(log), "-w", "-t", "60", "start"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     if start.returncode != 0:
         raise ServiceError(f"postgres did not start: {start.stderr.strip()}\n{_tail(log)}")
     pg = Postgres(port, user, password)
@@ -152,7 +152,7 @@ def postgres(workdir: Path, databases: tuple[str, ...] = ("prefect", "mlflow"), 
         conn.close()
         yield pg
     finally:
-        subprocess.run([*sudo, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run([*sudo, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -71,7 +71,7 @@ def stream_urls(url: str, split: str) -> list[str]:
 
 def _is_shard(key: str) -> bool:
     name = key.rsplit("/", 1)[-1]
-    head, _, tail = SHARD_PATTERN.partition("%")
+    head = SHARD_PATTERN.partition("%")[0]
     return name.startswith(head) and name.endswith(".tar")
 
 

@@ -61,6 +61,8 @@ def test_deployments_land_on_declared_pools_and_queues(deploy_configs):
     assert by_name[("flows/pipeline.py:post_training", "default")][0] == "gpu"
     assert by_name[("flows/evaluation.py:evaluate_checkpoint", "on-checkpoint-saved")] == ("cpu", "eval")
     assert by_name[("infra/stage_flows.py:preprocess", "cpu")][0] == "cpu"
+    for rank in range(len(declared["gpu"].queues) - 1):  # one queue per node besides `default`
+        assert by_name[("infra/stage_flows.py:train_node", f"node-{rank}")] == ("gpu", f"node-{rank}")
 
 
 def test_evaluation_trigger_validates_and_matches_the_checkpoint_event(deploy_configs):

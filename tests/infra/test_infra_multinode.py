@@ -10,7 +10,6 @@ import sys
 import pytest
 from infra_paths import ROOT
 
-
 pytestmark = pytest.mark.slow
 
 PROBE = '''

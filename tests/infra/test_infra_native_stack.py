@@ -37,7 +37,8 @@ def stack(tmp_path_factory):
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 240, cwd=ROOT) -> subprocess.CompletedProcess:
-    r = subprocess.run(argv, env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(argv, env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       check=False)
     assert r.returncode == 0, f"$ {' '.join(argv)}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
 
