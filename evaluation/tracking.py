@@ -3,7 +3,7 @@
 The eval run is tagged with the lineage keys (`vtg.lineage`), nested under `$VTG_MLFLOW_PARENT_RUN_ID` when
 the orchestrator sets it, and holds metrics.json, predictions.jsonl and the report as artifacts. The same
 metrics are logged to the training run at the checkpoint's step, so the training run shows eval curves.
-MLflow metric names cannot contain `@`: `r1@0.7` is logged as `r1_at_0.7`.
+MLflow metric names cannot contain `@`: `r1@0.7` on val is logged as `eval/val/r1_at_0.7`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def mlflow_key(name: str) -> str:
     return name.replace("@", "_at_")
 
 
-def flat_metrics(result: dict, prefix: str = "eval/") -> dict[str, float]:
-    """The numbers worth a curve: model metrics, each baseline's, the visual gain."""
+def flat_metrics(result: dict) -> dict[str, float]:
+    """The numbers worth a curve: model metrics, each baseline's, the visual gain; named `eval/<split>/...` so
+    that val and test curves stay apart on the training run."""
     s = result["summary"]
+    prefix = f"eval/{result['split']}/"
     out = {f"{prefix}{mlflow_key(k)}": float(v) for k, v in s["model"].items() if isinstance(v, int | float)}
     for name, b in s["baselines"].items():
         out.update({f"{prefix}{name}/{mlflow_key(k)}": float(v) for k, v in b.items()

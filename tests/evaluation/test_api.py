@@ -73,12 +73,12 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
         assert run.data.tags[TAG_STAGE] == "evaluate" and run.data.tags[TAG_TRAIN_RUN] == env["train_run"]
         assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
         assert run.data.tags[TAG_DATA_VERSION] == "fixture-data"
-        assert run.data.metrics["eval/r1_at_0.7"] == s["model"]["r1@0.7"]
+        assert run.data.metrics["eval/val/r1_at_0.7"] == s["model"]["r1@0.7"]
     trained = results[1].metrics
     assert trained["parse_failure_rate"] < 1, "30 steps of training should teach the answer format"
 
     # The training run shows eval curves: one point per evaluated checkpoint, at its step.
-    history = client.get_metric_history(env["train_run"], "eval/miou")
+    history = client.get_metric_history(env["train_run"], "eval/val/miou")
     assert sorted(m.step for m in history) == [0, 30]
 
     # Stage outputs: the last evaluated checkpoint, and the step curve over both.
@@ -148,3 +148,5 @@ def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
     rows = list(csv.DictReader((Path(cfg.evaluate.out_dir) / "steps.csv").open()))
     assert [int(r["step"]) for r in rows] == [0, 30]
     assert client.get_model_version_by_alias("vtg-test", "best").version == before
+    test_curve = client.get_metric_history(env["train_run"], "eval/test/miou")
+    assert sorted(m.step for m in test_curve) == [0, 30]  # apart from the val curve
