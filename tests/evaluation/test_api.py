@@ -150,3 +150,26 @@ def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
     assert client.get_model_version_by_alias("vtg-test", "best").version == before
     test_curve = client.get_metric_history(env["train_run"], "eval/test/miou")
     assert sorted(m.step for m in test_curve) == [0, 30]  # apart from the val curve
+
+
+def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):
+    from training.checkpoint import HF_DIR, finalize, temp_dir_for
+    from training.modeling import apply_finetune_mode, build_tiny_model, load_model_and_tokenizer
+
+    root = env["tmp"] / "lora-checkpoints"
+    model, tok = load_model_and_tokenizer(build_tiny_model())
+    apply_finetune_mode(model, "lora", lora_r=4, lora_alpha=8).save_pretrained(temp_dir_for(root, 5) / HF_DIR)
+    tok.save_pretrained(temp_dir_for(root, 5) / HF_DIR)
+    meta = {"step": 5, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
+            "finetune": "lora", "base": "tiny"}
+    ckpt = finalize(root, 5, meta, {}, keep_last=1)
+    assert (ckpt / HF_DIR / "adapter_config.json").is_file()
+    cfg = env["cfg"].model_copy(deep=True)
+    cfg.evaluate.out_dir, cfg.evaluate.store_dir = str(root / "out"), str(root / "store")
+    cfg.evaluate.baselines = ["prior"]
+    cfg.tracking.enabled = False
+    runs = len(_eval_runs(env["client"]))
+    res = evaluate_checkpoint(ckpt, "val", cfg)
+    assert res.result["summary"]["counts"]["scored"] == 4 and set(res.result["summary"]["baselines"]) == {"prior"}
+    assert res.result["mlflow_run_id"] is None and res.selection["best"] == str(ckpt)
+    assert (root / "best").resolve() == ckpt and len(_eval_runs(env["client"])) == runs
