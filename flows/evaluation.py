@@ -17,12 +17,11 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
+from flows.events import append_jsonl
 from vtg import lineage
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig, load_config
 from vtg.errors import VTGError
-
-from flows.events import append_jsonl
 
 log = logging.getLogger(__name__)
 RESULTS_FILE = "checkpoint_evals.jsonl"

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.tracking import PARENT_TAG, client, experiment_id
 from vtg import lineage as L
 from vtg.cli_common import run_cli
 from vtg.config import load_config
 from vtg.errors import VTGError
-
-from flows.tracking import PARENT_TAG, client, experiment_id
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w-]+))$")

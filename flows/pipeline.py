@@ -16,14 +16,13 @@ from typing import Any
 
 from prefect import flow, runtime
 
-from vtg import lineage
-from vtg.config import PipelineConfig, config_hash, load_config
-from vtg.errors import VTGError
-
 from flows import tasks, tracking
 from flows.content import StageContent, paths_digest, shard_digest, source_digest, stage_content
 from flows.evaluation import evaluate_checkpoint
 from flows.stages import ConfigArgs
+from vtg import lineage
+from vtg.config import PipelineConfig, config_hash, load_config
+from vtg.errors import VTGError
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 ENV_FAIL_FLAG = "VTG_FAIL_AFTER_PREPROCESS_FLAG"  # test hook: fail after preprocessing while this file exists
@@ -123,11 +122,11 @@ def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:
     test = s.get("test_metrics") or {}
     shown = ", ".join(f"{k}={v:.3f}" for k, v in test.items() if k.startswith(("r1", "miou", "mIoU")))
     print("\n".join([
-        "", "=== post-training finished in %.0fs ===" % s.get("seconds", 0),
+        "", f"=== post-training finished in {s.get('seconds', 0):.0f}s ===",
         f"best checkpoint : {s.get('best_checkpoint')} (held-out test: {shown or test})",
         f"report          : {s.get('report')}",
         f"Prefect         : {prefect_where}",
-        f"MLflow          : parent run {s.get('mlflow_parent_run_id')} in {cfg.tracking.tracking_uri} "
-        f"(experiment {cfg.tracking.experiment!r}; `mlflow ui --backend-store-uri {cfg.tracking.tracking_uri}`)",
+        (f"MLflow          : parent run {s.get('mlflow_parent_run_id')} in {cfg.tracking.tracking_uri} "
+         f"(experiment {cfg.tracking.experiment!r}; `mlflow ui --backend-store-uri {cfg.tracking.tracking_uri}`)"),
         f"lineage         : python -m flows.lineage {s.get('best_checkpoint')}",
     ]))

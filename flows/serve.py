@@ -118,8 +118,8 @@ def _main(argv: list[str] | None = None) -> int:
         print("\n".join([
             f"Prefect UI : http://{HOST}:{pport}   (logs: {log_dir}/)",
             f"MLflow UI  : {mlflow_url or cfg.tracking.tracking_uri}",
-            f"Run it     : PREFECT_API_URL=http://{HOST}:{pport}/api .venv/bin/prefect deployment run "
-            f"'{cfg.orchestration.flow_name}/{cfg.orchestration.deployment_name}'",
+            (f"Run it     : PREFECT_API_URL=http://{HOST}:{pport}/api .venv/bin/prefect deployment run "
+             f"'{cfg.orchestration.flow_name}/{cfg.orchestration.deployment_name}'"),
             "Stop       : Ctrl-C"]), flush=True)
         while all(p.poll() is None for p in procs):
             time.sleep(1)

@@ -104,6 +104,8 @@ def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd
         rc = proc.wait()
     result = StageResult(name, argv, rc, time.perf_counter() - t0, tail)
     if rc != 0:
+        said = next((line.strip() for line in reversed(tail) if line.strip()), "no output")
         last = "\n  ".join(tail[-8:])
-        raise StageFailed(f"stage {name!r} exited with code {rc} after {result.seconds:.1f}s; last lines:\n  {last}")
+        raise StageFailed(f"stage {name!r} exited with code {rc} after {result.seconds:.1f}s: {said}\n"
+                          f"  last lines:\n  {last}")
     return result

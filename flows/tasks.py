@@ -19,15 +19,14 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.tasks import exponential_backoff
 
+from flows import tracking
+from flows.content import CONTENT_KEY, StageContent, shard_digest
+from flows.evaluation import results_path
+from flows.events import append_jsonl
+from flows.stages import ConfigArgs, module_cmd, run_stage, train_cmd
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
-
-from flows import tracking
-from flows.content import CONTENT_KEY, StageContent, shard_digest
-from flows.evaluation import follow, results_path
-from flows.events import append_jsonl
-from flows.stages import ConfigArgs, module_cmd, run_stage, train_cmd
 
 HOOK = "flows.events:on_checkpoint_saved"
 _evaluators: dict[str, subprocess.Popen] = {}  # queue path -> embedded evaluator process (same flow process)
@@ -148,8 +147,8 @@ def eval_mode(cfg: PipelineConfig) -> str:
         return o.eval_trigger
     if not os.environ.get("PREFECT_API_URL"):
         return "embedded"
-    from prefect.deployments import run_deployment  # noqa: F401  (same client stack)
     from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment  # noqa: F401  (same client stack)
 
     try:
         with get_client(sync_client=True) as client:
@@ -256,7 +255,7 @@ def wait_for_evaluations(cfg: PipelineConfig, queue: str) -> list[dict]:
                            f"(log: {Path(queue).with_suffix('.log')})") from None
         if rc != 0:
             tail = Path(queue).with_suffix(".log").read_text().splitlines()[-5:]
-            raise VTGError("embedded evaluator failed (exit %d):\n  %s" % (rc, "\n  ".join(tail)))
+            raise VTGError(f"embedded evaluator failed (exit {rc}):\n  " + "\n  ".join(tail))
     expected = list(follow_all(Path(queue)))
     while True:
         done = evaluation_records(cfg, expected)

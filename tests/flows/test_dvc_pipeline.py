@@ -6,53 +6,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from flowkit import BIN, REPO, git, stage_calls, project_env
-
-STAGE_MODULES = {  # module name in dvc.yaml -> stand-in it runs here
-    "vtg/corpus/__main__.py": "standin_stages.corpus",
-    "vtg/ingest/__main__.py": "standin_stages.ingest",
-    "beam_jobs/__main__.py": None,
-    "beam_jobs/preprocess.py": "standin_stages.preprocess",
-    "training/__main__.py": "standin_stages.train",
-    "evaluation/__main__.py": "standin_stages.evaluate_cli",
-}
-
-
-def shadow_stages(workdir: Path) -> None:
-    """Packages with the real stage names in the repo dir (first on sys.path for `python -m`)."""
-    import shutil
-
-    shutil.copytree(REPO / "vtg", workdir / "vtg", ignore=shutil.ignore_patterns("__pycache__", "corpus", "ingest"))
-    for rel, target in STAGE_MODULES.items():
-        path = workdir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        (path.parent / "__init__.py").touch()
-        if target:
-            path.write_text(f"import runpy\nrunpy.run_module({target!r}, run_name='__main__')\n")
-    (workdir / "vtg" / "records.py").touch()
-    (workdir / "vtg" / "shards.py").touch()
-    (workdir / "vtg" / "answer.py").touch()
+from flowkit import BIN, git, project_env, set_params, shadow_stages, stage_calls
 
 
 def dvc(workdir: Path, *args: str) -> str:
     r = subprocess.run([str(BIN / "dvc"), *args], cwd=workdir, env=project_env(workdir), capture_output=True,
-                       text=True)
+                       text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
-
-
-def set_params(workdir: Path, **dotted: object) -> None:
-    import yaml
-
-    data = yaml.safe_load((workdir / "params.yaml").read_text())
-    for key, value in dotted.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    (workdir / "params.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ for i in range(cfg.corpus.n_videos):
     lines.append({"qid": i, "query": f"event {i}", "vid": vid, "duration": 20.0, "relevant_windows": [[2.0, 6.0]]})
     truth[vid] = [2.0, 6.0]
 import json
+
 (out / "annotations").mkdir(exist_ok=True)
 (out / "annotations" / "qvhighlights.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 write_json(out / "ground_truth.json", truth)

@@ -51,7 +51,7 @@ def publish(cfg, result: dict) -> None:
     (out / "metrics.json").write_text(json.dumps(result["metrics"], sort_keys=True))
     (out / "predictions.jsonl").write_text(json.dumps({"step": result["step"]}) + "\n")
     (out / "report.html").write_text(f"<html>step {result['step']}</html>")
-    (out / "steps.csv").write_text("step,r1@0.5\n%d,%s\n" % (result["step"], result["metrics"]["r1@0.5"]))
+    (out / "steps.csv").write_text(f"step,r1@0.5\n{result['step']},{result['metrics']['r1@0.5']}\n")
     for png in ("step_curve.png", "iou_hist.png"):
         (out / png).write_bytes(b"\x89PNG stand-in")
 

@@ -1,5 +1,4 @@
 import importlib
-import json
 import os
 import shutil
 import time

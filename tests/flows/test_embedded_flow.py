@@ -1,0 +1,76 @@
+"""The embedded default (`python -m flows`, ephemeral Prefect API) on tiny stand-in stages: a failure injected
+after preprocessing, `prefect flow-run retry`, finished steps not redone; per-checkpoint evaluation in a separate
+process while training runs; shards versioned with DVC; the lineage chain of the resulting checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from flowkit import (
+    BIN,
+    PY,
+    STANDIN_OVERRIDES,
+    git,
+    project_env,
+    read_jsonl,
+    set_params,
+    shadow_stages,
+    stage_calls,
+)
+
+from flows.pipeline import ENV_FAIL_FLAG
+
+
+def run(cmd: list[str], cwd: Path, env: dict, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.mark.slow
+def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path):
+    shadow_stages(project)  # the code folders dvc.yaml depends on (dvc commit hashes them)
+    set_params(project, **{"corpus.n_videos": 10})  # data params in params.yaml: the shards go into dvc.lock
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "project")
+    flag = project / "fail.flag"
+    flag.touch()
+    env = project_env(project, **{ENV_FAIL_FLAG: str(flag), "STANDIN_STEP_S": "0.5"})
+    overrides = [*STANDIN_OVERRIDES, "train.max_steps=8"]
+
+    first = run([PY, "-m", "flows", *overrides], project, env)
+    assert first.returncode == 2, first.stdout[-3000:] + first.stderr[-3000:]
+    err = [line for line in first.stderr.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith("error: post-training flow run") and "injected failure" in err[0]
+    assert stage_calls(project) == ["corpus", "ingest", "preprocess"]
+    retry_cmd = re.search(r"retry it: (prefect flow-run retry \S+ --entrypoint \S+)", first.stderr).group(1).split()
+
+    flag.unlink()
+    second = run([str(BIN / "prefect"), *retry_cmd[1:]], project, env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train"]  # nothing before `train` again
+    log = second.stdout + second.stderr
+    assert log.count("Cached(type=COMPLETED)") >= 3
+
+    report = (project / "reports/pipeline_report.md").read_text()
+    assert "eval_mode | `embedded`" in report and "Held-out test metrics" in report
+    evals = read_jsonl(project / "reports/orchestration/checkpoint_evals.jsonl")
+    val = [e for e in evals if e["split"] == "val"]
+    assert [e["step"] for e in val] == [2, 4, 6, 8]
+    assert all(e["metrics"]["r1@0.5"] > 0 for e in val)
+    saved = {e["step"]: e["saved_at"] for e in val}
+    assert val[0]["started_at"] < saved[8], "evaluation of the first checkpoint did not overlap training"
+
+    lock = (project / "dvc.lock").read_text()  # shards committed to dvc.lock and pushed to the local remote
+    assert "data/shards" in lock and any((project / "dvc_remote").rglob("*"))
+
+    lineage = run([PY, "-m", "flows.lineage", "checkpoints/latest", "--json"], project, env, timeout=120)
+    assert lineage.returncode == 0, lineage.stderr
+    chain = json.loads(lineage.stdout)
+    assert chain["source_digest"] and chain["shard_digest"] and chain["dvc_md5"] not in (None, "-")
+    assert chain["train_run"] and chain["train_params"]["lr"] == "0.003" and chain["step"] == 8
+    assert chain["flow_run"] in first.stderr and chain["preprocess"]["preprocess.num_frames"]
+    assert {e["split"] for e in chain["evals"]} >= {"val", "test"}
