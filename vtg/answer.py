@@ -14,11 +14,11 @@ ANSWER_TEMPLATE = "{start:.1f} - {end:.1f} seconds"
 _NUM = r"(?<![\d.:])(\d+(?::\d{1,2}){0,2}(?:\.\d+)?)(?![\d:])"
 _UNIT = r"(?:\s*(?:s|sec|secs|second|seconds)\b)?"
 _PATTERNS = [
-    re.compile(rf"\bfrom\s+{_NUM}{_UNIT}\s+(?:to|until|till|-)\s+{_NUM}", re.I),
-    re.compile(rf"\bbetween\s+{_NUM}{_UNIT}\s+and\s+{_NUM}", re.I),
-    re.compile(rf"\bstart\w*\W{{0,3}}\s*{_NUM}{_UNIT}\W{{0,3}}\s*(?:and\s+)?end\w*\W{{0,3}}\s*{_NUM}", re.I),
+    re.compile(rf"\bfrom\s+{_NUM}{_UNIT}\s+(?:to|until|till|-)\s+{_NUM}", re.IGNORECASE),
+    re.compile(rf"\bbetween\s+{_NUM}{_UNIT}\s+and\s+{_NUM}", re.IGNORECASE),
+    re.compile(rf"\bstart\w*\W{{0,3}}\s*{_NUM}{_UNIT}\W{{0,3}}\s*(?:and\s+)?end\w*\W{{0,3}}\s*{_NUM}", re.IGNORECASE),
     re.compile(rf"[\[(]\s*{_NUM}{_UNIT}\s*,\s*{_NUM}{_UNIT}\s*[\])]"),
-    re.compile(rf"{_NUM}{_UNIT}\s*(?:-+|–|—|~|\bto\b|\buntil\b|\btill\b)\s*{_NUM}", re.I),
+    re.compile(rf"{_NUM}{_UNIT}\s*(?:-+|–|—|~|\bto\b|\buntil\b|\btill\b)\s*{_NUM}", re.IGNORECASE),
 ]
 
 
