@@ -34,7 +34,8 @@ def plot_iou_hist(predictions: Sequence[dict], thresholds: Sequence[float], path
 
 
 def plot_timelines(predictions: Sequence[dict], n: int, path: Path) -> None:
-    sample = list(predictions[:n]) or [{"key": "(none)", "gt": [], "pred": None, "duration_s": 1, "iou": 0}]
+    step = max(1, len(predictions) // max(n, 1))  # evenly spread over the split, deterministic
+    sample = list(predictions[::step][:n]) or [{"key": "(none)", "gt": [], "pred": None, "duration_s": 1, "iou": 0}]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(sample) + 1.2))
     for row, p in enumerate(sample):
         y, d = len(sample) - 1 - row, p["duration_s"] or 1
