@@ -169,3 +169,37 @@ def test_shards_stream_from_object_storage_through_the_training_reader_stages(st
     local = samples([{"url": str(p)} for p in sorted((tmp_path / "shards" / "train").glob("*.tar"))])
     streamed = samples([{"url": u} for u in urls])
     assert len(streamed) == 6 and streamed == local
+
+
+def test_post_training_flow_runs_against_the_services(stack, tmp_path):
+    """The real post-training flow (Prefect tasks, MLflow lineage, DVC versioning and push) against the Prefect
+    server, the MLflow server and the S3 DVC remote, on the orchestration tests' tiny stand-in stages."""
+    sys.path.insert(0, str(ROOT / "tests" / "flows"))
+    from flowkit import PY, STANDIN_OVERRIDES, git, make_project, project_env, set_params, shadow_stages
+
+    project = make_project(tmp_path / "proj")
+    shadow_stages(project)
+    set_params(project, **{"corpus.n_videos": 10})
+    env = {**project_env(project, STANDIN_STEP_S="0.1"), **stack}
+    dvc = bin_("dvc")
+    run([dvc, "remote", "add", "minio", "s3://vtg-dvc/pipeline"], env, cwd=project)
+    run([dvc, "remote", "modify", "minio", "endpointurl", stack["AWS_ENDPOINT_URL_S3"]], env, cwd=project)
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "project")
+    overrides = [*STANDIN_OVERRIDES, "train.max_steps=4", "orchestration.dvc_remote=minio",
+                 f"tracking.tracking_uri={stack['MLFLOW_TRACKING_URI']}", "orchestration.eval_trigger=embedded"]
+    run([PY, "-m", "flows", *overrides], env, cwd=project, timeout=400)
+
+    import psycopg2
+
+    base = stack["VTG_POSTGRES_URL"].rsplit("/", 1)[0]
+    with psycopg2.connect(base + "/prefect") as conn, conn.cursor() as cur:
+        cur.execute("SELECT fr.state_type FROM flow_run fr JOIN flow f ON fr.flow_id = f.id "
+                    "WHERE f.name = 'post-training'")
+        assert [r[0] for r in cur.fetchall()] == ["COMPLETED"]
+    with psycopg2.connect(base + "/mlflow") as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id "
+                    "WHERE e.name = 'vtg-posttrain'")
+        assert cur.fetchone()[0] >= 3  # pipeline parent + stage runs
+    pushed = s3(stack).list_objects_v2(Bucket="vtg-dvc", Prefix="pipeline/").get("KeyCount", 0)
+    assert pushed >= 1
