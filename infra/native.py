@@ -15,6 +15,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -187,7 +188,7 @@ def s3_server(workdir: Path, buckets: tuple[str, ...] = ("vtg-mlflow", "vtg-dvc"
         env, kind = {"MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key}, "minio"
         health = f"http://{HOST}:{port}/minio/health/live"
     else:
-        moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+        moto = str(Path(sys.executable).with_name("moto_server"))  # this environment's, not PATH's first
         if not Path(moto).exists():
             raise ServiceError("no S3 endpoint: install MinIO, or `pip install 'moto[s3]'` (dev extra)")
         argv, env, kind = [moto, "-H", HOST, "-p", str(port)], {}, "moto"
@@ -257,12 +258,18 @@ def stack(workdir: Path) -> Iterator[dict[str, str]]:
         yield {**prefect.env, **s3.env(), **mlf.env, "VTG_POSTGRES_URL": pg.url("postgres"), "VTG_S3_KIND": s3.kind}
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.native", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["up"], help="start the services and wait (Ctrl-C stops them)")
     parser.add_argument("--workdir", default=None, help="where data and logs go (default: a temp dir)")
     args = parser.parse_args(argv)
+    # `kill <pid>` stops the services too (the default SIGTERM action would orphan them).
+    signal.signal(signal.SIGTERM, _interrupt)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vtg-native-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"starting postgres, s3, prefect server, mlflow server (logs in {workdir}) ...", flush=True)
