@@ -58,7 +58,7 @@ def data_version(shards_dir: str | Path) -> str:
                 return str(version)
         except json.JSONDecodeError:
             pass
-    return lineage.tree_digest(shards_dir, "**/*.tar")
+    return lineage.tree_digest(shards_dir)
 
 
 def build_model(tcfg, device: torch.device):
@@ -214,8 +214,9 @@ class Trainer:
         self.callbacks.on_train_start(self.run_info())
         stop_at = min(t.max_steps, stop_after) if stop_after else t.max_steps
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
-        window = {"loss": [], "tokens": 0.0, "samples": 0.0, "wait": 0.0}
-        last_step_end = time.perf_counter()
+        micro_losses: list[float] = []
+        step_samples = 0
+        window = {"steps": 0, "tokens": 0.0, "samples": 0.0, "wait": 0.0, "start": time.perf_counter()}
         last_loss, completed = float("nan"), st.step >= stop_at
         loader = iter(self._loader()) if not completed else None
         while not completed:
@@ -238,33 +239,26 @@ class Trainer:
                 self._skip(verdict, value, batch["keys"])
                 continue
             self.engine.backward(loss)
-            window["loss"].append(value)
+            micro_losses.append(value)
             window["tokens"] += float(batch["attention_mask"].sum())
             window["samples"] += len(batch["keys"])
+            step_samples += len(batch["keys"])
             if not self.engine.step():
                 continue
             st.step += 1
-            mean_loss, tokens, samples = all_reduce_sum(
-                [sum(window["loss"]) / len(window["loss"]), window["tokens"], window["samples"]], dev)
-            last_loss = mean_loss / self.dist.world_size
+            total_loss, step_samples = all_reduce_sum([sum(micro_losses) / len(micro_losses), step_samples], dev)
+            last_loss, micro_losses = total_loss / self.dist.world_size, []
+            st.samples += int(step_samples)
+            step_samples = 0
             self.guard.accept(last_loss)
-            st.samples += int(samples)
             st.losses.append(last_loss)
-            now = time.perf_counter()
+            window["steps"] += 1
             if st.step % t.log_every == 0 or st.step == stop_at:
-                step_time = now - last_step_end
-                self.callbacks.on_step(st.step, {
-                    "train/loss": last_loss, "train/lr": self.engine.lr(),
-                    "train/grad_norm": self.engine.grad_norm() or float("nan"),
-                    "perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
-                    "perf/samples_per_s": samples / step_time,
-                    "perf/data_wait_frac": min(1.0, window["wait"] / step_time),
-                    "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
-                    **memory_metrics(dev)})
-            last_step_end = now
-            window = {"loss": [], "tokens": 0.0, "samples": 0.0, "wait": 0.0}
+                self._log_window(window, last_loss)
+                window = {"steps": 0, "tokens": 0.0, "samples": 0.0, "wait": 0.0, "start": time.perf_counter()}
             if st.step % t.save_every == 0 or st.step == stop_at:
                 self.save(last_loss)
+                window["start"] = time.perf_counter()  # checkpoint time is not step time
             completed = st.step >= stop_at
         del loader
         summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
@@ -272,6 +266,18 @@ class Trainer:
                    "completed": st.step >= t.max_steps, "losses": list(st.losses)}
         self.callbacks.on_train_end(summary)
         return summary
+
+    def _log_window(self, window: dict, loss: float) -> None:
+        """Rates over the steps since the last log (all ranks); the loss is this step's, all-rank mean."""
+        st, dev = self.state, self.dist.device
+        tokens, samples = all_reduce_sum([window["tokens"], window["samples"]], dev)
+        elapsed = time.perf_counter() - window["start"]
+        self.callbacks.on_step(st.step, {
+            "train/loss": loss, "train/lr": self.engine.lr(),
+            "train/grad_norm": self.engine.grad_norm() or float("nan"),
+            "perf/step_time_s": elapsed / window["steps"], "perf/tokens_per_s": tokens / elapsed,
+            "perf/samples_per_s": samples / elapsed, "perf/data_wait_frac": min(1.0, window["wait"] / elapsed),
+            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **memory_metrics(dev)})
 
     def _count_data_errors(self, errors: list[tuple[str, str]]) -> None:
         self.state.data_errors += len(errors)

@@ -77,14 +77,15 @@ def build_tokenizer(seed: int = 0):
     return fast
 
 
-def tiny_config(tokenizer):
+def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None):
+    """The tiny recipe's config (or a bigger one: `text`/`vision` override the recipe's fields)."""
     from transformers import Qwen2_5_VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(TINY_TEXT, vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
+    text = dict(TINY_TEXT, **(text or {}), vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
                 eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     return Qwen2_5_VLConfig(
-        text_config=text, vision_config=dict(TINY_VISION), image_token_id=ids[IMAGE_TOKEN],
+        text_config=text, vision_config=dict(TINY_VISION, **(vision or {})), image_token_id=ids[IMAGE_TOKEN],
         video_token_id=ids[VIDEO_TOKEN], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
     )
