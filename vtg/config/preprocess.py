@@ -2,9 +2,88 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vtg.config._base import Section
+
+RUNNER_PROFILES = {
+    "direct": ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
+    "dataflow": ["--runner=DataflowRunner", "--project=my-gcp-project", "--region=us-central1",
+                 "--temp_location=gs://my-bucket/beam-tmp", "--experiments=use_runner_v2"],
+    "flink": ["--runner=FlinkRunner", "--flink_master=localhost:8081", "--environment_type=LOOPBACK"],
+    "spark": ["--runner=SparkRunner", "--spark_master_url=spark://localhost:7077",
+              "--environment_type=LOOPBACK"],
+}
+
+
+class ScenesConfig(Section):
+    detect_size: int = Field(64, ge=16)
+    """Frames are downscaled so their longer side is at most this before cut detection (cheaper, same cuts)."""
+    threshold: float = Field(15.0, gt=0)
+    """PySceneDetect ContentDetector threshold for hard cuts (mean HSV change between frames)."""
+    min_scene_len_s: float = Field(0.5, ge=0)
+    """Shortest scene: cuts closer than this to the previous cut are merged (PySceneDetect min_scene_len)."""
+    gradual: bool = True
+    """Also detect gradual transitions (dissolves, fades) with a twin-comparison detector."""
+    gradual_reach_s: float = Field(0.5, gt=0)
+    """Gradual detector compares frames this far before and after each frame (about half a dissolve)."""
+    gradual_threshold: float = Field(15.0, gt=0)
+    """Mean absolute change (0-255, 16x16 colour thumbnails) across the reach that marks a gradual transition."""
+
+
+class QualityConfig(Section):
+    min_resolution: int = Field(64, ge=1)
+    """Videos whose shorter side is below this many pixels are dropped (`low_resolution`)."""
+    min_sharpness: float = Field(15.0, ge=0)
+    """90th percentile over frames of the variance of the Laplacian (native resolution) below this -> `blurry`."""
+    min_brightness: float = Field(25.0, ge=0, le=255)
+    """Median mean luma below this -> dropped as `too_dark`."""
+    max_brightness: float = Field(235.0, ge=0, le=255)
+    """Median mean luma above this -> dropped as `washed_out`."""
+
+
+class DedupConfig(Section):
+    num_perm: int = Field(128, ge=16)
+    """MinHash permutations (datasketch)."""
+    bands: int = Field(32, ge=1)
+    """LSH bands; `num_perm` must be a multiple. More bands -> more candidates at lower Jaccard."""
+    seed: int = 1
+    """MinHash seed (fixed so band keys are stable across runs)."""
+    hash_fps: float = Field(2.0, gt=0)
+    """Frames per second of source time hashed for the video signature (robust to re-encodes and fps)."""
+    lag: int = Field(2, ge=1)
+    """A video shingle pairs a frame's code with the code this many samples later (order, not just content)."""
+    projections: int = Field(16, ge=1)
+    """Random projections per frame code (p-stable LSH of the coarse colour layout)."""
+    bucket_width: float = Field(8.0, gt=0)
+    """Quantization width of a projection: larger tolerates more re-encoding change, merges more."""
+    video_jaccard: float = Field(0.6, gt=0, le=1)
+    """Candidate video pairs with (exact) shingle Jaccard >= this are near-duplicates."""
+    query_ngram: int = Field(2, ge=1)
+    """Words per query shingle."""
+    query_jaccard: float = Field(0.8, gt=0, le=1)
+    """Queries on the same video with word-shingle Jaccard >= this and overlapping moments are duplicates."""
+
+    @model_validator(mode="after")
+    def _bands_divide(self) -> "DedupConfig":
+        if self.num_perm % self.bands:
+            raise ValueError(f"num_perm {self.num_perm} must be a multiple of bands {self.bands}")
+        return self
+
+
+class TextBiasConfig(Section):
+    enabled: bool = True
+    """Run the blind (text + duration only) predictor and drop queries it can answer."""
+    folds: int = Field(5, ge=2)
+    """Cross-fitting folds, assigned by a stable hash of the source video: no query scores itself."""
+    iou_threshold: float = Field(0.5, gt=0, le=1)
+    """Queries whose blind-predicted moment has IoU >= this with the truth are `text_answerable`."""
+    min_count: int = Field(5, ge=1)
+    """A word needs this many training occurrences before its position prior is trusted."""
+    max_std: float = Field(0.08, gt=0)
+    """A word's prior is trusted only if the std of its start and end is at most this fraction of the duration."""
+    histogram_bins: int = Field(20, ge=2)
+    """Bins of the location-bias histogram (normalized start/end)."""
 
 
 class PreprocessConfig(Section):
@@ -12,19 +91,41 @@ class PreprocessConfig(Section):
     """Canonical records written by ingest."""
     out_dir: str = "data/shards"
     """Shard root: `<out_dir>/<split>/shard-%06d.tar`, plus manifest.json and dead_letter.jsonl."""
+    reader: Literal["opencv"] = "opencv"
+    """Video reader (decoder) backend; each video is decoded once."""
     max_window_s: float = Field(30.0, gt=0)
     """Longest window cut from one source video (cut at scene boundaries)."""
     frame_mode: Literal["uniform", "adaptive"] = "uniform"
     """Frame sampling: uniform in time, or adaptive (same budget, denser where content changes)."""
     num_frames: int = Field(16, ge=2)
-    """Frames per window."""
+    """Frames per window (the budget of both modes; ignored by `uniform` when `frame_fps` > 0)."""
+    frame_fps: float = Field(0.0, ge=0)
+    """Uniform mode at a fixed rate (frames per second) instead of a fixed count; 0 = fixed count."""
+    adaptive_mix: float = Field(0.5, ge=0, le=1)
+    """Adaptive mode: share of the frame budget spread uniformly; the rest follows content change."""
+    candidate_fps: float = Field(8.0, gt=0)
+    """Decoded frames kept (resized) per second as candidates for extraction; bounds memory per video."""
     frame_size: int = Field(56, ge=28)
     """Frames are resized to frame_size x frame_size (a multiple of 28 for Qwen2.5-VL)."""
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    """JPEG quality of stored frames."""
+    scenes: ScenesConfig = ScenesConfig()
+    """Scene cut detection."""
+    quality: QualityConfig = QualityConfig()
+    """Quality filter thresholds."""
+    dedup: DedupConfig = DedupConfig()
+    """MinHash near-duplicate removal (videos and queries)."""
+    text_bias: TextBiasConfig = TextBiasConfig()
+    """Blind text-bias filter."""
     split_fractions: dict[str, float] = {"train": 0.8, "val": 0.1, "test": 0.1}
     """Fractions of source videos (or duplicate clusters) per split, by a stable hash."""
     samples_per_shard: int = Field(500, ge=1)
     """Maximum samples per tar shard."""
     runner: Literal["direct", "dataflow", "flink", "spark"] = "direct"
-    """Beam runner profile; the profile's pipeline options come from `runner_options`."""
+    """Beam runner profile: selects `runner_profiles.<runner>` (CLI pipeline options win over it)."""
+    runner_profiles: dict[str, list[str]] = RUNNER_PROFILES
+    """Beam pipeline options per runner profile (edit project/bucket/master for your cluster)."""
     direct_num_workers: int = Field(2, ge=1)
     """DirectRunner worker processes (multi_processing mode)."""
+    progress: bool = True
+    """Show a progress bar (videos processed) on local runners."""

@@ -1,0 +1,75 @@
+"""Frame extraction: which decoded candidate frames represent a window, and at what timestamps.
+
+`uniform` spreads frames evenly in time (a fixed count, or a fixed rate when `fps` > 0). `adaptive` spends the
+same budget, a share `mix` uniformly and the rest in proportion to content change, so frames gather around cuts
+and motion. Both return candidate positions and the timestamps (relative to the window) actually used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _nearest(cand_t: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    pos = np.clip(np.searchsorted(cand_t, targets), 1, len(cand_t) - 1) if len(cand_t) > 1 else None
+    if pos is None:
+        return np.zeros(len(targets), int)
+    left = cand_t[pos - 1]
+    return np.where(np.abs(targets - left) <= np.abs(cand_t[pos] - targets), pos - 1, pos)
+
+
+def window_candidates(cand_t: np.ndarray, start: float, end: float) -> np.ndarray:
+    """Positions of candidates inside [start, end) (at least the nearest one)."""
+    inside = np.flatnonzero((cand_t >= start - 1e-6) & (cand_t < end - 1e-6))
+    return inside if len(inside) else _nearest(cand_t, np.array([(start + end) / 2]))
+
+
+def uniform_frames(cand_t: np.ndarray, start: float, end: float, num_frames: int,
+                   fps: float = 0.0) -> np.ndarray:
+    """Candidate positions nearest to evenly spaced times in [start, end)."""
+    length = end - start
+    n = max(1, round(length * fps)) if fps > 0 else num_frames
+    targets = start + (np.arange(n) + 0.5) * length / n
+    pool = window_candidates(cand_t, start, end)
+    return pool[_nearest(cand_t[pool], targets)]
+
+
+def _spread(idx: np.ndarray, m: int) -> np.ndarray:
+    """Make sorted positions distinct when there are enough candidates (ties pushed apart, order kept)."""
+    n = len(idx)
+    if n > m:
+        return idx
+    idx = idx.copy()
+    for k in range(1, n):
+        idx[k] = max(idx[k], idx[k - 1] + 1)
+    for k in range(n - 1, -1, -1):
+        idx[k] = min(idx[k], m - n + k, idx[k + 1] - 1 if k + 1 < n else m - 1)
+    return idx
+
+
+def adaptive_frames(cand_t: np.ndarray, cand_change: np.ndarray, start: float, end: float,
+                    num_frames: int, mix: float = 0.5) -> np.ndarray:
+    """Same budget as uniform, placed by the inverse CDF of (mix * uniform + (1 - mix) * change)."""
+    pool = window_candidates(cand_t, start, end)
+    change = np.asarray(cand_change, float)[pool]
+    m = len(pool)
+    density = np.full(m, mix / m)
+    if change.sum() > 0:
+        density += (1 - mix) * change / change.sum()
+    else:
+        density += (1 - mix) / m
+    cdf = np.cumsum(density)
+    cdf /= cdf[-1]
+    q = (np.arange(num_frames) + 0.5) / num_frames
+    local = np.minimum(np.searchsorted(cdf, q), m - 1)
+    return pool[_spread(local, m)]
+
+
+def candidate_change(change: np.ndarray, cand_idx: np.ndarray) -> np.ndarray:
+    """Per candidate: the largest frame change since the previous candidate (so a cut between is seen)."""
+    out = np.zeros(len(cand_idx))
+    prev = 0
+    for k, i in enumerate(cand_idx):
+        out[k] = change[prev:i + 1].max() if i >= prev else 0.0
+        prev = i + 1
+    return out

@@ -1,0 +1,100 @@
+"""The preprocess pipeline graph: records + videos -> shards, manifest.json, dead_letter.jsonl, plot.
+
+    ReadRecords -> GroupByVideo -> ProcessVideo (decode once: scenes, windows, frames, quality)
+                                     |-> VideoDedup (MinHash LSH bands, GroupByKey, Jaccard, clusters)
+    ReadRecords -> QueryDedup, TextBias (cross-fitted blind predictor)
+    join by annotation, then by video -> Assemble (drops, partition) -> WriteShards -> Finalize
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+from apache_beam.pvalue import AsList, AsSingleton
+
+from beam_jobs import summary
+from beam_jobs.items import FILTERED
+from beam_jobs.sink import AssembleFn, WriteShards, write_text
+from beam_jobs.text_bias import plot_location_bias
+from beam_jobs.transforms import (DEAD, DIGEST, OUTCOME, SIG, WINDOW_EVENT, NearDuplicates, ProcessVideoFn,
+                                  ReadRecords, TextBias, query_dedup_items, video_dedup_items)
+from vtg.config.preprocess import PreprocessConfig
+
+MANIFEST, DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("manifest.json", "dead_letter.jsonl", "filtered.jsonl",
+                                                     "location_bias.png")
+
+
+def _verdicts(item):
+    aid, j = item
+    for video_id in j["video"]:
+        dup = next(iter(j["dup"]), None)
+        iou = next(iter(j["bias"]), 0.0)
+        yield video_id, (aid, dup, iou)
+
+
+def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: str | None = None) -> None:
+    """Add the whole job to pipeline `p`. `lineage` goes into the manifest (version, params hash, digest)."""
+    rec = p | "ReadRecords" >> ReadRecords(cfg.records)
+    records = rec["records"]
+    videos = (records
+              | "KeyByVideo" >> beam.Map(lambda r: (r.video_id, r))
+              | "GroupByVideo" >> beam.GroupByKey()
+              | "ProcessVideo" >> beam.ParDo(ProcessVideoFn(cfg, progress_dir)).with_outputs(
+                  DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, main="windows"))
+    d = cfg.dedup
+    clusters = (videos[SIG]
+                | "VideoDedupItems" >> beam.Map(video_dedup_items)
+                | "VideoDedup" >> NearDuplicates(d, d.video_jaccard))
+    query_dups = (records
+                  | "QueryDedupItems" >> beam.Map(query_dedup_items, d.query_ngram)
+                  | "QueryDedup" >> NearDuplicates(d, d.query_jaccard, span_iou=0.5))
+    bias = records | "TextBias" >> TextBias(cfg.text_bias)
+    verdicts = ({"video": records | "AnnotationVideo" >> beam.Map(lambda r: (r.annotation_id, r.video_id)),
+                 "dup": query_dups, "bias": bias}
+                | "JoinPerAnnotation" >> beam.CoGroupByKey()
+                | "VerdictsByVideo" >> beam.FlatMap(_verdicts))
+    assembled = ({"windows": videos.windows, "cluster": clusters, "verdicts": verdicts}
+                 | "JoinPerVideo" >> beam.CoGroupByKey()
+                 | "Assemble" >> beam.ParDo(AssembleFn(cfg, lineage["preprocess_version"])).with_outputs(
+                     OUTCOME, main="samples"))
+    shards = assembled.samples | "WriteShards" >> WriteShards(cfg.out_dir, cfg.samples_per_shard)
+
+    bins = cfg.text_bias.histogram_bins
+    outcomes = ((rec[OUTCOME], videos[OUTCOME], assembled[OUTCOME]) | "AllOutcomes" >> beam.Flatten())
+    cells = (outcomes
+             | "OutcomeCells" >> beam.Map(summary.outcome_cell, bins)
+             | "CountCells" >> beam.combiners.Count.PerElement())
+    dead = (rec[DEAD], videos[DEAD]) | "AllDead" >> beam.Flatten()
+    window_events = videos[WINDOW_EVENT] | "CountWindowDrops" >> beam.combiners.Count.PerElement()
+    n_inputs = rec["lines"] | "CountInputs" >> beam.combiners.Count.Globally()
+    (p
+     | "FinalizeTrigger" >> beam.Create([None])
+     | "Finalize" >> beam.ParDo(FinalizeFn(cfg, lineage), AsSingleton(n_inputs), AsList(cells),
+                                AsList(window_events), AsList(shards), AsList(dead), AsList(videos[DIGEST]),
+                                AsList(outcomes | "Filtered" >> beam.Filter(lambda o: o.status == FILTERED))))
+
+
+class FinalizeFn(beam.DoFn):
+    """Writes dead_letter.jsonl, manifest.json and the location-bias plot (once, after everything)."""
+
+    def __init__(self, cfg: PreprocessConfig, lineage: dict) -> None:
+        self.cfg, self.lineage = cfg, lineage
+
+    def process(self, _, n_inputs, cells, window_events, shards, dead, digests, filtered):
+        out = self.cfg.out_dir
+        dead = sorted(dead, key=lambda d: json.dumps(d, sort_keys=True))
+        write_text(f"{out}/{DEAD_LETTER}", "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead))
+        rows = sorted((o.annotation_id, o.video_id, o.reason, o.detail) for o in filtered)
+        write_text(f"{out}/{FILTERED_LOG}", "".join(json.dumps(dict(zip(
+            ("annotation_id", "video_id", "reason", "detail"), r))) + "\n" for r in rows))
+        lineage = {**self.lineage, "inputs_digest": summary.inputs_digest(self.lineage["records_sha256"], digests),
+                   "videos": len(set(digests))}
+        manifest = summary.build_manifest(
+            n_inputs=n_inputs, cells=dict(cells), window_events=dict(window_events), shards=list(shards),
+            n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins)
+        manifest["outputs"] = {"dead_letter": DEAD_LETTER, "filtered": FILTERED_LOG,
+                               "location_bias_plot": LOCATION_PLOT}
+        plot_location_bias(manifest["location_bias"], f"{out}/{LOCATION_PLOT}")
+        write_text(f"{out}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        yield manifest["records"]

@@ -1,0 +1,149 @@
+"""`python -m beam_jobs.preprocess`: canonical records + videos -> WebDataset shards (DESIGN.md §3).
+
+Configuration comes from params.yaml (`preprocess:` section), an optional experiment and dotted overrides;
+anything starting with `--` that this CLI does not know is a Beam pipeline option and is passed through
+(`--runner=FlinkRunner --flink_master=...`), winning over the runner profile `preprocess.runner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beam_jobs import pipeline, summary
+from beam_jobs.options import pipeline_options
+from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+from vtg.config import PipelineConfig
+from vtg.errors import VTGError
+from vtg.shards import SPLITS
+
+log = logging.getLogger("beam_jobs.preprocess")
+# Fields that do not change the shard bytes (paths, runner, display) stay out of the params hash.
+_NOT_CONTENT = {"records", "out_dir", "runner", "runner_profiles", "direct_num_workers", "progress"}
+
+
+def code_version() -> str:
+    """Digest of the code that decides the shard bytes (this package + the shard contract)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for p in sorted(root.glob("*.py")) + [root.parent / "vtg" / "shards.py", root.parent / "vtg" / "records.py"]:
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def params_hash(cfg: PipelineConfig) -> str:
+    data = cfg.preprocess.model_dump(mode="json", exclude=_NOT_CONTENT)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with FileSystems.open(path) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _clear_outputs(out_dir: str) -> None:
+    """Remove shards of a previous run so a smaller run leaves no stale shard behind."""
+    for split in SPLITS:
+        match = FileSystems.match([FileSystems.join(out_dir, split, "shard-*.tar")])[0]
+        paths = [m.path for m in match.metadata_list]
+        if paths:
+            FileSystems.delete(paths)
+
+
+def lineage(cfg: PipelineConfig) -> dict:
+    cv, ph = code_version(), params_hash(cfg)
+    return {"code_version": cv, "params_hash": ph, "preprocess_version": f"{cv}+{ph}",
+            "records_sha256": _sha256(cfg.preprocess.records)}
+
+
+def run(cfg: PipelineConfig, beam_argv: list[str] | None = None, test_pipeline: beam.Pipeline | None = None,
+        show: bool = True) -> dict:
+    """Run the job and return the manifest (also the entry point tests and orchestration call)."""
+    pp = cfg.preprocess
+    if not FileSystems.exists(pp.records):
+        raise VTGError(f"{pp.records}: records file not found (run `python -m vtg.ingest` first)")
+    _clear_outputs(pp.out_dir)
+    lin = lineage(cfg)
+    local = "://" not in pp.out_dir
+    progress_dir = tempfile.mkdtemp(prefix="vtg-progress-") if (pp.progress and show and local) else None
+    try:
+        p = test_pipeline or beam.Pipeline(options=pipeline_options(cfg, beam_argv or []))
+        pipeline.build(p, pp, lin, progress_dir)
+        _run_with_progress(p, progress_dir, pp.records)
+    finally:
+        if progress_dir:
+            shutil.rmtree(progress_dir, ignore_errors=True)
+    with FileSystems.open(FileSystems.join(pp.out_dir, pipeline.MANIFEST)) as f:
+        manifest = json.loads(f.read())
+    rec = manifest["records"]
+    assert rec["inputs"] == rec["kept"] + rec["filtered"] + rec["failed"], rec
+    if show:
+        from rich.console import Console
+
+        Console(stderr=True).print(summary.summary_table(manifest))
+    return manifest
+
+
+def _count_videos(records: str) -> int:
+    ids = set()
+    with FileSystems.open(records) as f:
+        for line in f:
+            try:
+                ids.add(json.loads(line)["video_id"])
+            except (ValueError, KeyError, TypeError):
+                pass
+    return len(ids)
+
+
+def _run_with_progress(p: beam.Pipeline, progress_dir: str | None, records: str) -> None:
+    if not progress_dir:
+        p.run().wait_until_finish()
+        return
+    from tqdm import tqdm
+
+    done = threading.Event()
+    bar = tqdm(total=_count_videos(records), desc="videos", unit="video", dynamic_ncols=True)
+
+    def poll() -> None:
+        while not done.wait(0.5):
+            bar.n = len(os.listdir(progress_dir))
+            bar.refresh()
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        p.run().wait_until_finish()
+    finally:
+        done.set()
+        t.join()
+        bar.n = len(os.listdir(progress_dir))
+        bar.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_arg_parser(__doc__)
+    args, beam_argv = parser.parse_known_args(argv)
+    unknown = [a for a in beam_argv if not a.startswith("--")]
+    if unknown:
+        raise VTGError(f"unexpected argument(s) {unknown}: overrides are key=value, Beam options --name=value")
+    cfg = resolve_config(args)
+    manifest = run(cfg, beam_argv)
+    log.info("wrote %d samples in %d shards to %s", sum(manifest["samples_per_split"].values()),
+             len(manifest["shards"]), cfg.preprocess.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,201 @@
+"""Probe and decode: each video is read once; everything later steps need is computed in that one pass.
+
+The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we feed
+PySceneDetect's ContentDetector (hard cuts), keep a tiny colour thumbnail per frame (content change, gradual
+transitions, perceptual hashes), and keep frame_size candidates at `candidate_fps` with their native-resolution
+quality scores. Memory per video is bounded by duration x candidate_fps x frame_size^2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import cv2
+import numpy as np
+
+THUMB = 16  # side of the colour thumbnail kept for every decoded frame
+
+
+class DecodeError(Exception):
+    """The file is not a (complete) readable video; the message says why."""
+
+
+class VideoReader(Protocol):
+    def open(self, path: str) -> tuple[float, int, int, int]:
+        """-> (fps, width, height, declared frame count). Raises DecodeError."""
+
+    def frames(self) -> Iterator[np.ndarray]:
+        """BGR uint8 frames in order."""
+
+    def close(self) -> None: ...
+
+
+class OpenCVReader:
+    def __init__(self) -> None:
+        self._cap: cv2.VideoCapture | None = None
+
+    def open(self, path: str) -> tuple[float, int, int, int]:
+        cap = cv2.VideoCapture(path)
+        if not cap.isOpened():
+            raise DecodeError("not a decodable video (OpenCV could not open it)")
+        self._cap = cap
+        fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+        w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        return fps, w, h, int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+
+    def frames(self) -> Iterator[np.ndarray]:
+        assert self._cap is not None
+        while True:
+            ok, frame = self._cap.read()
+            if not ok:
+                return
+            yield frame
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None
+
+
+READERS: dict[str, type] = {"opencv": OpenCVReader}
+
+
+@dataclass
+class DecodedVideo:
+    """What one decode pass of a video leaves behind (no full-resolution frames)."""
+
+    fps: float
+    width: int
+    height: int
+    n_frames: int
+    thumbs: np.ndarray
+    """(n_frames, THUMB, THUMB, 3) uint8 BGR thumbnails."""
+    change: np.ndarray
+    """(n_frames,) mean absolute thumbnail change from the previous frame (0 for the first)."""
+    hard_cuts: list[int]
+    """Frame indices where a new scene starts (PySceneDetect ContentDetector)."""
+    cand_idx: np.ndarray
+    """Frame indices of the kept candidates."""
+    cand_frames: list[np.ndarray] = field(repr=False)
+    """RGB frame_size x frame_size candidates."""
+    sharpness: np.ndarray = field(repr=False)
+    """Variance of the Laplacian (native resolution grey) per candidate."""
+    brightness: np.ndarray = field(repr=False)
+    """Mean luma per candidate."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.n_frames / self.fps
+
+
+@contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local path for `path` (Beam FileSystems for gs://, s3://, ...; local files are used in place)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if "://" not in path:
+        yield path
+        return
+    fd, tmp = tempfile.mkstemp(suffix=os.path.splitext(path)[1])
+    try:
+        with os.fdopen(fd, "wb") as dst, FileSystems.open(path) as src:
+            shutil.copyfileobj(src, dst)
+        yield tmp
+    finally:
+        os.unlink(tmp)
+
+
+def file_sha256(path: str) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+            n += len(block)
+    return h.hexdigest(), n
+
+
+def _detector(fps: float, threshold: float, min_scene_len_s: float):
+    from scenedetect.detectors import ContentDetector
+
+    return ContentDetector(threshold=threshold, min_scene_len=max(1, round(min_scene_len_s * fps)))
+
+
+def decode_video(
+    path: str,
+    *,
+    frame_size: int,
+    candidate_fps: float,
+    detect_size: int = 64,
+    cut_threshold: float = 27.0,
+    min_scene_len_s: float = 0.5,
+    expected_duration_s: float | None = None,
+    reader: str = "opencv",
+) -> DecodedVideo:
+    """Decode the local file `path` once. Raises DecodeError for zero-byte, non-video, unreadable or truncated
+    files (use `local_copy` first for remote paths)."""
+    if not os.path.exists(path):
+        raise DecodeError(f"file not found: {path}")
+    if os.path.getsize(path) == 0:
+        raise DecodeError("zero-byte file")
+    rd: VideoReader = READERS[reader]()
+    fps, w, h, declared = rd.open(path)
+    try:
+        if not (fps > 0) or w <= 0 or h <= 0:
+            raise DecodeError(f"no usable video stream (fps={fps}, size={w}x{h})")
+        video = _scan(rd.frames(), fps, w, h, frame_size=frame_size, candidate_fps=candidate_fps,
+                      detect_size=detect_size, cut_threshold=cut_threshold, min_scene_len_s=min_scene_len_s)
+    finally:
+        rd.close()
+    _check_complete(video.n_frames, fps, declared, expected_duration_s)
+    return video
+
+
+def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_size: int, candidate_fps: float,
+          detect_size: int, cut_threshold: float, min_scene_len_s: float) -> DecodedVideo:
+    """The single pass over the frames."""
+    from scenedetect import FrameTimecode
+
+    scale = min(1.0, detect_size / max(w, h))
+    dsize = (max(1, round(w * scale)), max(1, round(h * scale)))
+    det = _detector(fps, cut_threshold, min_scene_len_s)
+    step = max(1.0, fps / candidate_fps)
+    thumbs, cuts, cand_idx, cands, sharp, bright = [], [], [], [], [], []
+    next_cand, tc = 0.0, None
+    for i, frame in enumerate(frames):
+        small = cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if scale < 1 else frame
+        tc = FrameTimecode(i, fps)
+        cuts.extend(c.frame_num for c in det.process_frame(tc, small))
+        thumbs.append(cv2.resize(small, (THUMB, THUMB), interpolation=cv2.INTER_AREA))
+        if i >= next_cand - 1e-9:
+            next_cand += step
+            grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
+            sharp.append(float(cv2.Laplacian(grey, cv2.CV_64F).var()))
+            bright.append(float(grey.mean()))
+            rgb = cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
+            cands.append(np.ascontiguousarray(rgb[:, :, ::-1]))
+            cand_idx.append(i)
+    if tc is None:
+        raise DecodeError("no frame could be decoded")
+    cuts.extend(c.frame_num for c in det.post_process(tc))
+    n = len(thumbs)
+    th = np.stack(thumbs)
+    change = np.zeros(n, np.float32)
+    change[1:] = np.abs(th[1:].astype(np.int16) - th[:-1].astype(np.int16)).mean(axis=(1, 2, 3))
+    return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, thumbs=th, change=change,
+                        hard_cuts=sorted({c for c in cuts if 0 < c < n}), cand_idx=np.asarray(cand_idx),
+                        cand_frames=cands, sharpness=np.asarray(sharp), brightness=np.asarray(bright))
+
+
+def _check_complete(n: int, fps: float, declared: int, expected_duration_s: float | None) -> None:
+    """Truncated files decode fewer frames than the container (or the annotation) promises."""
+    if declared > 0 and n < 0.95 * declared - 1:
+        raise DecodeError(f"truncated: decoded {n} of {declared} frames")
+    if expected_duration_s and n / fps < expected_duration_s - max(1.0, 0.05 * expected_duration_s):
+        raise DecodeError(f"truncated: decoded {n / fps:.2f} s of the annotated {expected_duration_s:.2f} s")

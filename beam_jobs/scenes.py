@@ -1,0 +1,88 @@
+"""Scene split: hard cuts (PySceneDetect, during decode) + gradual transitions, then windows cut at scene bounds.
+
+A window is at most `max_window_s` long. Cut points are scene boundaries, preferring ones that do not fall
+inside an annotated moment; a scene longer than `max_window_s` is cut inside as a last resort. Every moment is
+re-based into the window that contains it; one that no window contains is dropped as `moment_crosses_window`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+EPS = 1e-6
+
+
+def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_frames: int = 1,
+                        hard_cuts: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Slow scene changes: frames i where thumbnails `reach` frames before and after differ by >= `high`
+    (mean absolute difference of colour thumbnails). Runs of >= `min_frames` such frames form one region; a region that holds a hard cut
+    is that cut's footprint (or a dissolve the cut detector already marked), the others are gradual
+    transitions, returned as (first, last) frame spans. Object motion moves few pixels: it stays below `high`."""
+    n = len(thumbs)
+    if n < 3:
+        return []
+    t = thumbs.astype(np.int16)
+    lo = np.clip(np.arange(n) - reach, 0, n - 1)
+    hi = np.clip(np.arange(n) + reach, 0, n - 1)
+    dist = np.abs(t[hi] - t[lo]).reshape(n, -1).mean(axis=1)
+    hot = dist >= high
+    cuts = sorted(hard_cuts)
+    spans, i = [], 0
+    while i < n:
+        if not hot[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and hot[j + 1]:
+            j += 1
+        if j - i + 1 >= min_frames and not any(i <= c <= j + 1 for c in cuts):  # a region holding a hard cut is that cut's footprint
+            spans.append((i, j))
+        i = j + 1
+    return spans
+
+
+def scene_boundaries(hard_cuts: Sequence[int], gradual: Sequence[tuple[int, int]], fps: float) -> list[float]:
+    """Sorted boundary times in seconds: the first frame of each new scene; a gradual one at its middle."""
+    times = {round(c / fps, 6) for c in hard_cuts}
+    times |= {round((a + b) / 2 / fps, 6) for a, b in gradual}
+    return sorted(times)
+
+
+def _inside(t: float, moments: Sequence[tuple[float, float]]) -> bool:
+    return any(s + EPS < t < e - EPS for s, e in moments)
+
+
+def plan_windows(duration: float, boundaries: Sequence[float], max_window_s: float,
+                 moments: Sequence[tuple[float, float]] = ()) -> list[tuple[float, float]]:
+    """Greedy windows of <= max_window_s covering [0, duration], cut at the latest scene boundary that fits,
+    preferring boundaries outside every moment."""
+    windows: list[tuple[float, float]] = []
+    start = 0.0
+    while duration - start > EPS:
+        limit = start + max_window_s
+        if limit >= duration - EPS:
+            windows.append((start, duration))
+            break
+        fits = [b for b in boundaries if start + EPS < b <= limit + EPS]
+        clean = [b for b in fits if not _inside(b, moments)]
+        end = clean[-1] if clean else fits[-1] if fits else limit
+        windows.append((start, end))
+        start = end
+    return [(round(s, 6), round(e, 6)) for s, e in windows]
+
+
+def assign_window(windows: Sequence[tuple[float, float]], moments: Sequence[tuple[float, float]]) -> int | None:
+    """Index of the window containing every moment of one query, or None (`moment_crosses_window`)."""
+    lo, hi = min(s for s, _ in moments), max(e for _, e in moments)
+    for k, (ws, we) in enumerate(windows):
+        if ws - EPS <= lo and hi <= we + EPS:
+            return k
+    return None
+
+
+def rebase(moments: Sequence[tuple[float, float]], window: tuple[float, float]) -> list[tuple[float, float]]:
+    """Moments relative to the window start, clipped to the window."""
+    ws, we = window
+    return [(round(max(0.0, s - ws), 6), round(min(we - ws, e - ws), 6)) for s, e in moments]

@@ -1,0 +1,87 @@
+"""The stage's accounting: manifest.json (counts that reconcile, drops per reason, lineage) and the
+end-of-run summary table. Pure functions over the small outputs gathered at the end of the pipeline."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+
+from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome
+from beam_jobs.text_bias import histogram_bins
+
+
+class ReconcileError(AssertionError):
+    """inputs != kept + filtered + failed: a record was lost or counted twice (a bug, never user error)."""
+
+
+def inputs_digest(records_sha256: str, video_digests: Iterable[tuple[str, str]]) -> str:
+    h = hashlib.sha256(b"records\0" + records_sha256.encode() + b"\n")
+    for path, digest in sorted(set(video_digests)):
+        h.update(path.encode() + b"\0" + digest.encode() + b"\n")
+    return h.hexdigest()
+
+
+def outcome_cell(o: Outcome, bins: int) -> tuple[str, str, int, int]:
+    """(status, reason, start bin, end bin): what the manifest needs of one outcome (-1 bins: no moment)."""
+    bs, be = histogram_bins(o.span, bins) if o.span is not None else (-1, -1)
+    return o.status, o.reason, bs, be
+
+
+def location_histograms(cells: dict[tuple, int], bins: int) -> dict[str, dict[str, list[int]]]:
+    hist = {pop: {"start": [0] * bins, "end": [0] * bins} for pop in ("all", "kept")}
+    for (status, _, bs, be), n in cells.items():
+        if bs < 0:
+            continue
+        for pop in ("all", "kept") if status == KEPT else ("all",):
+            hist[pop]["start"][bs] += n
+            hist[pop]["end"][be] += n
+    return hist
+
+
+def build_manifest(*, n_inputs: int, cells: dict[tuple, int], window_events: dict[str, int],
+                   shards: list[dict], n_dead: int, lineage: dict, bins: int) -> dict:
+    """Raises ReconcileError unless inputs = kept + filtered + failed and failed = dead letters."""
+    by = {s: Counter() for s in (KEPT, FILTERED, FAILED)}
+    for (status, reason, _, _), n in cells.items():
+        by[status][reason] += n
+    counts = {"inputs": n_inputs, **{s: sum(c.values()) for s, c in by.items()}}
+    if counts["inputs"] != counts[KEPT] + counts[FILTERED] + counts[FAILED]:
+        raise ReconcileError(f"counts do not reconcile: {counts}")
+    if counts[FAILED] != n_dead:
+        raise ReconcileError(f"{counts[FAILED]} failed records but {n_dead} dead letters")
+    samples = Counter()
+    for s in shards:
+        samples[s["split"]] += s["samples"]
+    return {
+        **lineage,
+        "records": counts,
+        "kept_per_split": dict(sorted(by[KEPT].items())),
+        "dropped_per_reason": dict(sorted(by[FILTERED].items())),
+        "failed_per_reason": dict(sorted(by[FAILED].items())),
+        "samples_per_split": dict(sorted(samples.items())),
+        "windows_dropped_per_reason": dict(sorted(window_events.items())),
+        "shards": sorted(shards, key=lambda s: s["path"]),
+        "location_bias": location_histograms(cells, bins),
+    }
+
+
+def summary_table(manifest: dict):
+    """A rich Table: in, kept (per split), filtered (per reason), failed (per reason)."""
+    from rich.table import Table
+
+    rec = manifest["records"]
+    t = Table(title="preprocess summary (records = queries)", show_footer=False)
+    t.add_column("outcome")
+    t.add_column("reason / split")
+    t.add_column("records", justify="right")
+    t.add_row("[bold]in", "", str(rec["inputs"]))
+    for label, key, total in (("kept", "kept_per_split", rec[KEPT]), ("filtered", "dropped_per_reason",
+                              rec[FILTERED]), ("failed", "failed_per_reason", rec[FAILED])):
+        t.add_row(f"[bold]{label}", "total", str(total))
+        for reason, n in manifest[key].items():
+            t.add_row("", reason, str(n))
+    samples = ", ".join(f"{k}={v}" for k, v in manifest["samples_per_split"].items())
+    t.caption = (f"in = kept + filtered + failed: {rec['inputs']} = {rec[KEPT]} + {rec[FILTERED]} + "
+                 f"{rec[FAILED]}  |  samples: {samples or 'none'}  |  {len(manifest['shards'])} shards")
+    return t

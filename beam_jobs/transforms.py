@@ -1,0 +1,255 @@
+"""DoFns and composite PTransforms. They only wire the pure steps (probe, scenes, frames, quality, dedup,
+text_bias, partition) into Beam: resolve inputs, call the core, count, and route bad input to dead letters."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import apache_beam as beam
+import cv2
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+from pydantic import ValidationError
+
+from beam_jobs import dedup
+from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, VideoSig
+from beam_jobs.probe import DecodeError, decode_video, file_sha256, local_copy
+from beam_jobs.text_bias import (add_stats, blind_iou, blind_predict, fold_of, normalized_span,
+                                 token_stats)
+from beam_jobs.video import build_windows, video_signature
+from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
+from vtg.records import CanonicalRecord
+
+log = logging.getLogger(__name__)
+NS = "preprocess"
+DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT = "dead", "outcome", "sig", "digest", "window_event"
+
+
+def dead_letter(stage: str, error: str, record: CanonicalRecord | None = None, line: str | None = None) -> dict:
+    d = {"stage": stage, "error": error}
+    if record is not None:
+        d.update(annotation_id=record.annotation_id, video_id=record.video_id, video_path=record.video_path)
+    if line is not None:
+        d["line"] = line[:500]
+    return d
+
+
+# ---------------------------------------------------------------- records
+
+
+class ParseRecordFn(beam.DoFn):
+    """jsonl line -> CanonicalRecord; an invalid line becomes a dead letter (and a failed outcome)."""
+
+    def __init__(self) -> None:
+        self.bad = Metrics.counter(NS, "records_invalid")
+
+    def process(self, line: str):
+        try:
+            yield CanonicalRecord.model_validate(json.loads(line))
+        except (ValueError, ValidationError) as e:
+            self.bad.inc()
+            msg = str(e).splitlines()[0] if not isinstance(e, ValidationError) else \
+                "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            yield TaggedOutput(DEAD, dead_letter("parse", f"invalid record: {msg}", line=line))
+            aid = hashlib.sha256(line.encode()).hexdigest()[:16]
+            yield TaggedOutput(OUTCOME, Outcome(f"line:{aid}", "", FAILED, "invalid_record"))
+
+
+def _first_of_duplicates(item):
+    aid, recs = item
+    recs = sorted(recs, key=lambda r: r.model_dump_json())
+    yield recs[0]
+    for r in recs[1:]:
+        yield TaggedOutput(DEAD, dead_letter("parse", f"duplicate annotation_id {aid!r}", record=r))
+        yield TaggedOutput(OUTCOME, Outcome(f"{aid}#dup", r.video_id, FAILED, "duplicate_annotation_id",
+                                            normalized_span(r.windows, r.duration_s)))
+
+
+class ReadRecords(beam.PTransform):
+    """Lines of the records jsonl (any Beam filesystem) -> valid, unique records (+ DEAD, OUTCOME, "lines")."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def expand(self, pbegin):
+        lines = (pbegin | "Read" >> beam.io.ReadFromText(self.path)
+                 | "NonEmpty" >> beam.Filter(lambda s: bool(s.strip())))
+        parsed = lines | "Parse" >> beam.ParDo(ParseRecordFn()).with_outputs(DEAD, OUTCOME, main="records")
+        unique = (parsed.records
+                  | "KeyByAnnotation" >> beam.Map(lambda r: (r.annotation_id, r))
+                  | "GroupByAnnotation" >> beam.GroupByKey()
+                  | "FirstOfDuplicates" >> beam.FlatMap(_first_of_duplicates).with_outputs(
+                      DEAD, OUTCOME, main="records"))
+        return {
+            "records": unique.records,
+            DEAD: (parsed[DEAD], unique[DEAD]) | "FlattenDead" >> beam.Flatten(),
+            OUTCOME: (parsed[OUTCOME], unique[OUTCOME]) | "FlattenOutcome" >> beam.Flatten(),
+            "lines": lines,
+        }
+
+
+# ---------------------------------------------------------------- videos
+
+
+class ProcessVideoFn(beam.DoFn):
+    """(video_id, records) -> windows; decode once. Unreadable videos -> dead letters, never a crash."""
+
+    def __init__(self, cfg: PreprocessConfig, progress_dir: str | None = None) -> None:
+        self.cfg = cfg
+        self.progress_dir = progress_dir
+        self.ok = Metrics.counter(NS, "videos_decoded")
+        self.failed = Metrics.counter(NS, "videos_failed")
+        self.windows = Metrics.counter(NS, "windows_built")
+        self.seconds = Metrics.counter(NS, "video_seconds")
+
+    def setup(self) -> None:
+        cv2.setNumThreads(1)
+
+    def process(self, item):
+        video_id, records = item
+        records = sorted(records, key=lambda r: r.annotation_id)
+        path = records[0].video_path
+        try:
+            with local_copy(path) as local:
+                digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
+                yield TaggedOutput(DIGEST, (path, digest))
+                video = decode_video(local, frame_size=self.cfg.frame_size, candidate_fps=self.cfg.candidate_fps,
+                                     detect_size=self.cfg.scenes.detect_size,
+                                     cut_threshold=self.cfg.scenes.threshold,
+                                     min_scene_len_s=self.cfg.scenes.min_scene_len_s,
+                                     expected_duration_s=max(r.duration_s for r in records),
+                                     reader=self.cfg.reader)
+        except (DecodeError, OSError, ValueError, cv2.error) as e:
+            self.failed.inc()
+            yield from self._fail(records, f"{type(e).__name__}: {e}" if not isinstance(e, DecodeError) else str(e))
+            return
+        finally:
+            self._tick(video_id)
+        self.ok.inc()
+        self.seconds.inc(round(video.duration_s))
+        windows, dropped, window_drops = build_windows(video_id, records, video, self.cfg)
+        self.windows.inc(len(windows))
+        for w in windows:
+            yield (video_id, w)
+        for o in dropped:
+            yield TaggedOutput(OUTCOME, o)
+        for reason in window_drops:
+            yield TaggedOutput(WINDOW_EVENT, reason)
+        yield TaggedOutput(SIG, video_signature(video_id, video, len(windows), self.cfg))
+
+    def _fail(self, records, error: str):
+        for r in records:
+            yield TaggedOutput(DEAD, dead_letter("decode", error, record=r))
+            yield TaggedOutput(OUTCOME, Outcome(r.annotation_id, r.video_id, FAILED, "unreadable_video",
+                                                normalized_span(r.windows, r.duration_s)))
+
+    def _tick(self, video_id: str) -> None:
+        if self.progress_dir:
+            name = hashlib.sha256(video_id.encode()).hexdigest()[:24]
+            Path(self.progress_dir, name).touch()
+
+
+# ---------------------------------------------------------------- near-duplicates
+
+
+def _with_signatures(batch, num_perm: int, seed: int):
+    sigs = dedup.signatures([item[1] for item in batch], num_perm, seed)
+    return [(*item, hv) for item, hv in zip(batch, sigs)]
+
+
+class _VerifyBucket(beam.DoFn):
+    def __init__(self, threshold: float, span_iou: float | None) -> None:
+        self.threshold = threshold
+        self.span_iou = span_iou
+        self.pairs = Metrics.counter(NS, "dedup_candidate_pairs")
+
+    def process(self, item):
+        _, members = item
+        by_id = {m[0]: m for m in members}
+        for a, b in dedup.candidate_pairs(list(by_id.items())):
+            self.pairs.inc()
+            ma, mb = by_id[a], by_id[b]
+            if dedup.jaccard(ma[1], mb[1]) < self.threshold:
+                continue
+            if self.span_iou is not None:
+                from beam_jobs.text_bias import SCALE, iou
+
+                sa, sb = ma[3], mb[3]
+                if iou((sa[0] / SCALE, sa[1] / SCALE), (sb[0] / SCALE, sb[1] / SCALE)) < self.span_iou:
+                    continue
+            yield (a, ma[2], b, mb[2])
+
+
+def _resolve(edges):
+    rank = {}
+    for a, ra, b, rb in edges:
+        rank[a], rank[b] = ra, rb
+    return sorted(dedup.resolve_clusters([(a, b) for a, _, b, _ in edges], rank).items())
+
+
+class NearDuplicates(beam.PTransform):
+    """(id, shingles, rank, scope[, span]) items -> (id, canonical id) for members of duplicate clusters.
+
+    Band keys are scoped (videos: one global scope; queries: their video), grouped with a GroupByKey,
+    verified by exact Jaccard; only the verified edges are gathered to resolve clusters."""
+
+    def __init__(self, cfg: DedupConfig, threshold: float, span_iou: float | None = None) -> None:
+        super().__init__()
+        self.cfg, self.threshold, self.span_iou = cfg, threshold, span_iou
+
+    def expand(self, items):
+        c = self.cfg
+        return (items
+                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
+                | "MinHash" >> beam.FlatMap(_with_signatures, c.num_perm, c.seed)
+                | "BandKeys" >> beam.FlatMap(
+                    lambda it: [((it[3], *k), (it[0], it[1], it[2], it[4])) for k in
+                                dedup.band_keys(it[5], c.bands)])
+                | "GroupBands" >> beam.GroupByKey()
+                | "Verify" >> beam.ParDo(_VerifyBucket(self.threshold, self.span_iou))
+                | "DistinctEdges" >> beam.Distinct()
+                | "GatherEdges" >> beam.combiners.ToList()
+                | "Resolve" >> beam.FlatMap(_resolve))
+
+
+def video_dedup_items(sig: VideoSig):
+    return (sig.video_id, sig.shingles, sig.rank, "", None)
+
+
+def query_dedup_items(r: CanonicalRecord, ngram: int):
+    return (r.annotation_id, dedup.query_shingles(r.query, ngram), (r.annotation_id,), r.video_id,
+            normalized_span(r.windows, r.duration_s))
+
+
+# ---------------------------------------------------------------- text bias
+
+
+class TextBias(beam.PTransform):
+    """records -> (annotation_id, blind IoU), cross-fitted by source-video folds."""
+
+    def __init__(self, cfg: TextBiasConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, records):
+        folds = self.cfg.folds
+        stats = (records
+                 | "TokenStats" >> beam.FlatMap(
+                     lambda r: [((tok, param, fold_of(r.video_id, folds)), st) for (tok, param), st in
+                                token_stats(r.query, r.windows, r.duration_s)])
+                 | "SumPerTokenFold" >> beam.CombinePerKey(add_stats)
+                 | "ByToken" >> beam.Map(lambda kv: (kv[0][0], ((kv[0][1], kv[0][2]), kv[1])))
+                 | "GroupByToken" >> beam.GroupByKey()
+                 | "TokenTable" >> beam.Map(lambda kv: (kv[0], dict(kv[1]))))
+        return records | "BlindIoU" >> beam.Map(_score, beam.pvalue.AsDict(stats), self.cfg)
+
+
+def _score(r: CanonicalRecord, stats: dict, cfg: TextBiasConfig) -> tuple[str, float]:
+    pred = blind_predict(r.query, r.duration_s, fold_of(r.video_id, cfg.folds), stats, cfg.min_count,
+                         cfg.max_std)
+    return r.annotation_id, blind_iou(pred, r.windows)

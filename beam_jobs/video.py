@@ -1,0 +1,86 @@
+"""Per-video core: decoded video + its records -> windows with frames, quality, queries (and the drops)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from beam_jobs import frames as fr
+from beam_jobs.dedup import video_shingles
+from beam_jobs.items import FILTERED, Outcome, QueryItem, VideoSig, WindowItem
+from beam_jobs.probe import DecodedVideo
+from beam_jobs.quality import quality_drop_reason, window_quality
+from beam_jobs.scenes import assign_window, gradual_transitions, plan_windows, rebase, scene_boundaries
+from beam_jobs.text_bias import normalized_span
+from vtg.config.preprocess import PreprocessConfig
+from vtg.records import CanonicalRecord
+from vtg.shards import encode_jpeg
+
+
+def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
+    sc = cfg.scenes
+    reach = max(1, round(sc.gradual_reach_s * video.fps))
+    gradual = (gradual_transitions(video.thumbs, reach=reach, high=sc.gradual_threshold, min_frames=reach,
+                                   hard_cuts=video.hard_cuts) if sc.gradual else [])
+    return scene_boundaries(video.hard_cuts, gradual, video.fps)
+
+
+def select_frames(video: DecodedVideo, start: float, end: float, cfg: PreprocessConfig) -> np.ndarray:
+    cand_t = video.cand_idx / video.fps
+    if cfg.frame_mode == "adaptive":
+        change = fr.candidate_change(video.change, video.cand_idx)
+        return fr.adaptive_frames(cand_t, change, start, end, cfg.num_frames, cfg.adaptive_mix)
+    return fr.uniform_frames(cand_t, start, end, cfg.num_frames, cfg.frame_fps)
+
+
+def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: DecodedVideo,
+                  cfg: PreprocessConfig) -> tuple[list[WindowItem], list[Outcome], list[str]]:
+    """Windows of one video with their queries; outcomes for records dropped here; window drop reasons."""
+    duration = video.duration_s
+    bounds = detect_scenes(video, cfg)
+    moments = [m for r in records for m in r.windows]
+    spans = plan_windows(duration, bounds, cfg.max_window_s, moments)
+    queries: dict[int, list[QueryItem]] = {}
+    dropped: list[Outcome] = []
+    for r in sorted(records, key=lambda r: r.annotation_id):
+        span = normalized_span(r.windows, r.duration_s)
+        k = assign_window(spans, r.windows)
+        if k is None:
+            dropped.append(Outcome(r.annotation_id, video_id, FILTERED, "moment_crosses_window", span,
+                                   f"windows {spans}"))
+            continue
+        queries.setdefault(k, []).append(QueryItem(r.annotation_id, r.query, rebase(r.windows, spans[k]), span))
+    cand_t = video.cand_idx / video.fps
+    windows, window_drops = [], []
+    source = records[0].source if records else ""
+    for k, (ws, we) in enumerate(spans):
+        pool = fr.window_candidates(cand_t, ws, we)
+        scores = window_quality(video.sharpness[pool], video.brightness[pool], video.width, video.height)
+        reason = quality_drop_reason(scores, cfg.quality)
+        if reason is not None:
+            window_drops.append(reason)
+            detail = json.dumps(scores, sort_keys=True)
+            dropped.extend(Outcome(q.annotation_id, video_id, FILTERED, reason, q.span, detail)
+                           for q in queries.get(k, []))
+            continue
+        if k not in queries:
+            window_drops.append("no_queries")
+            continue
+        pick = select_frames(video, ws, we, cfg)
+        stamps = [round(float(t) - ws, 4) for t in cand_t[pick]]
+        jpegs = [encode_jpeg(video.cand_frames[i], cfg.jpeg_quality) for i in pick]
+        windows.append(WindowItem(
+            video_id=video_id, index=k, start_s=ws, end_s=we, timestamps=stamps,
+            fps=round(len(pick) / (we - ws), 6), jpegs=jpegs, quality=scores,
+            scene_cuts=[round(b - ws, 6) for b in bounds if ws < b < we], queries=queries[k], source=source))
+    return windows, dropped, window_drops
+
+
+def video_signature(video_id: str, video: DecodedVideo, n_usable: int, cfg: PreprocessConfig) -> VideoSig:
+    d = cfg.dedup
+    shingles = video_shingles(video.thumbs, video.fps, d.hash_fps, d.lag, d.projections, d.bucket_width, d.seed)
+    rank = (-n_usable, -round(video.duration_s, 3), -min(video.width, video.height),
+            -round(float(np.median(video.sharpness)), 3))
+    return VideoSig(video_id, shingles, rank)
