@@ -1,6 +1,6 @@
 """WebDataset shards on S3-compatible object storage (MinIO, S3): publish, list as streamable URLs, cat.
 
-    python -m infra.objstore publish data/shards s3://vtg-shards/shards/<data-version>
+    python -m infra.objstore publish data/shards s3://vtg-shards/shards --versioned   # -> .../shards/<dvc md5>/
     python -m infra.objstore urls s3://vtg-shards/shards/<data-version> train     # one `pipe:` URL per shard
     python -m infra.objstore cat s3://vtg-shards/shards/<data-version>/train/shard-000000.tar > x.tar
 
@@ -39,6 +39,25 @@ def client():
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
     return boto3.client("s3", endpoint_url=endpoint or None)
+
+
+def data_version(local_root: str | Path, repo: str | Path = ".") -> str:
+    """The DVC content hash of a tracked directory (dvc.lock stage output, or `<dir>.dvc` from `dvc add`)."""
+    import yaml
+
+    repo, target = Path(repo), Path(local_root).as_posix().rstrip("/")
+    outs: list[dict] = []
+    if (repo / "dvc.lock").is_file():
+        for stage in (yaml.safe_load((repo / "dvc.lock").read_text()) or {}).get("stages", {}).values():
+            outs += stage.get("outs", [])
+    dvc_file = repo / f"{target}.dvc"
+    if dvc_file.is_file():
+        outs += [{**o, "path": target} for o in (yaml.safe_load(dvc_file.read_text()) or {}).get("outs", [])]
+    for out in outs:
+        if Path(out.get("path", "")).as_posix() == target and out.get("md5"):
+            return out["md5"].removesuffix(".dir")
+    raise VTGError(f"{target} is not a DVC-tracked output here (no dvc.lock stage out or {target}.dvc): "
+                   f"run `dvc repro` or `dvc add {target}` first, so the shards have a data version")
 
 
 def publish(local_root: str | Path, url: str) -> list[str]:
@@ -91,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("publish", help="upload a local shard root to s3://bucket/prefix")
     p.add_argument("local_root")
     p.add_argument("url")
+    p.add_argument("--versioned", action="store_true",
+                   help="append the shards' DVC hash to the URL (run in the repo root), so the prefix is the data version")
     u = sub.add_parser("urls", help="print one streamable pipe: URL per shard of a split")
     u.add_argument("url")
     u.add_argument("split")
@@ -98,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("url")
     args = parser.parse_args(argv)
     if args.action == "publish":
-        keys = publish(args.local_root, args.url)
-        print(f"published {len(keys)} files to {args.url}")
+        url = f"{args.url.rstrip('/')}/{data_version(args.local_root)}" if args.versioned else args.url
+        keys = publish(args.local_root, url)
+        print(f"published {len(keys)} files to {url}")
     elif args.action == "urls":
         print("\n".join(stream_urls(args.url, args.split)))
     else:

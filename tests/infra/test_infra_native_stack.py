@@ -146,6 +146,17 @@ def test_dvc_remote_on_the_s3_endpoint_is_the_source_of_truth_for_the_shards(sta
     after = {p.name: p.read_bytes() for p in (repo / "data" / "shards" / "train").glob("*.tar")}
     assert after == before and len(after) == 2
 
+    # The streaming copy is published under the DVC data version, so its URL names the exact data.
+    version = objstore.data_version("data/shards", repo=repo)
+    dvc_meta = (repo / "data" / "shards.dvc").read_text()
+    assert f"md5: {version}.dir" in dvc_meta
+    publish = run([sys.executable, "-m", "infra.objstore", "publish", "data/shards", "s3://vtg-shards/dvc",
+                   "--versioned"], {**env, "PYTHONPATH": str(ROOT)}, cwd=repo)
+    assert f"s3://vtg-shards/dvc/{version}" in publish.stdout
+    listed = run([sys.executable, "-m", "infra.objstore", "urls", f"s3://vtg-shards/dvc/{version}", "train"],
+                 {**env, "PYTHONPATH": str(ROOT)}, cwd=repo).stdout.split("\n")
+    assert len([u for u in listed if u.startswith("pipe:")]) == 2
+
 
 def test_shards_stream_from_object_storage_through_the_training_reader_stages(stack, tmp_path, monkeypatch):
     import webdataset as wds
