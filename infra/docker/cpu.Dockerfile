@@ -7,7 +7,7 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+    OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false \
     PREFECT_SERVER_ANALYTICS_ENABLED=false TORCH_EXTENSIONS_DIR=/app/.cache/torch_extensions
 
 # git: DVC and lineage (commit ids); libgl/glib: OpenCV's video I/O; curl: health checks by hand.
