@@ -30,8 +30,14 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
 	rm -f $(VENV)/.installed-*; touch $@
 
+# The whole pipeline on the embedded default (Prefect's ephemeral API, SQLite MLflow, local DVC remote).
 run: setup
 	$(PY) -m flows $(ARGS)
+
+# The served path: Prefect server + MLflow server + the deployments, all on 127.0.0.1 (Ctrl-C stops them).
+# Then: PREFECT_API_URL=http://127.0.0.1:4200/api .venv/bin/prefect deployment run 'post-training/default'
+serve: setup
+	$(PY) -m flows.serve $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
@@ -46,4 +52,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf data/interim data/shards checkpoints reports mlruns mlflow.db .prefect
+	rm -rf data/interim data/shards checkpoints reports mlruns mlflow.db .prefect .serve

@@ -117,9 +117,18 @@ def build_chain(c, exp_id: str, target: str) -> Chain:
         for r in c.search_runs([exp_id], filter_string=flt, order_by=["attributes.start_time ASC"]):
             ch.evals.append({"run_id": r.info.run_id, "step": r.data.tags.get(L.TAG_STEP),
                              "split": r.data.tags.get("vtg.split", "?"),
-                             "metrics": {k: round(v, 4) for k, v in sorted(r.data.metrics.items())
-                                         if "/" not in k or k.startswith("eval/") and k.count("/") == 1}})
+                             "metrics": model_metrics(r.data.metrics, r.data.tags.get("vtg.split", ""))})
     return ch
+
+
+def model_metrics(metrics: dict[str, float], split: str) -> dict[str, float]:
+    """The model's own metrics of an eval run (`eval/<split>/r1_at_0.5` -> `r1_at_0.5`), not the baselines'."""
+    out = {}
+    for k, v in sorted(metrics.items()):
+        name = k.removeprefix("eval/").removeprefix(f"{split}/")
+        if "/" not in name and name != "n":
+            out[name] = round(v, 4)
+    return out
 
 
 def render(ch: Chain) -> str:

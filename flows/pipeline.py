@@ -40,7 +40,11 @@ def _maybe_inject_failure() -> None:
         raise RuntimeError(f"injected failure after preprocessing (remove {flag} and retry the flow run)")
 
 
-@flow(name="post-training", flow_run_name="post-training-{experiment}", log_prints=True, persist_result=True)
+def _run_name() -> str:
+    return f"post-training-{runtime.flow_run.parameters.get('experiment') or 'default'}"
+
+
+@flow(name="post-training", flow_run_name=_run_name, log_prints=True, persist_result=True)
 def post_training(params: str = "params.yaml", experiment: str | None = None,
                   overrides: list[str] | None = None) -> dict[str, Any]:
     """The whole pipeline for one configuration (params file + experiment + dotted overrides)."""

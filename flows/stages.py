@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -86,6 +87,20 @@ def _has_cuda() -> bool:
         return False
 
 
+_BAR = re.compile(r"^(?P<label>[^|]*?)\s*(?P<pct>\d+)%\|")
+
+
+def _repeated_progress(line: str, last: dict[str, str]) -> bool:
+    """A progress-bar line whose percentage did not change since the last one shown (piped bars repaint often)."""
+    m = _BAR.match(line)
+    if not m:
+        return False
+    if last.get(m["label"]) == m["pct"]:
+        return True
+    last[m["label"]] = m["pct"]
+    return False
+
+
 def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None,
               on_line: Callable[[str], None] | None = None, tail_lines: int = 30) -> StageResult:
     """Run one stage process, streaming every output line as it comes; raise StageFailed on a non-zero exit."""
@@ -97,8 +112,11 @@ def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
                           text=True, bufsize=1, errors="replace") as proc:
         assert proc.stdout is not None
+        last_bar: dict[str, str] = {}
         for raw in proc.stdout:
-            line = raw.rstrip("\n")
+            line = raw.rstrip("\n").rsplit("\r", 1)[-1]
+            if _repeated_progress(line, last_bar):
+                continue
             emit(line)
             tail = (tail + [line])[-tail_lines:]
         rc = proc.wait()

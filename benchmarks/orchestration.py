@@ -1,0 +1,124 @@
+"""Orchestration overhead, measured in one run on the same stages and the same data:
+
+1. wall time of the `post-training` flow (`python -m flows`, ephemeral Prefect API, MLflow, content keys, the
+   embedded evaluator process, the report) vs calling the same stage CLIs directly one after another
+   (corpus, ingest, preprocess, train, then evaluate every checkpoint and the best on test)   -> ratio and seconds
+2. delay from a checkpoint being saved (training's hook) to its evaluation starting (embedded evaluator).
+3. a second flow run with unchanged inputs (every step skipped by content) vs the first.
+
+    python benchmarks/orchestration.py [--real] [--steps 8] [--json out.json]
+
+By default the stages are the tiny stand-ins of tests/flows/standins (so the numbers isolate the orchestration
+cost); `--real` uses the real stages at a tiny scale (minutes). Each side runs in its own fresh directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STANDINS = REPO / "tests" / "flows" / "standins"
+PY = sys.executable
+
+STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest",
+           "preprocess": "standin_stages.preprocess", "train": "standin_stages.train",
+           "evaluate": "standin_stages.evaluate_cli"}
+REAL = {"corpus": "vtg.corpus", "ingest": "vtg.ingest", "preprocess": "beam_jobs.preprocess",
+        "train": "training", "evaluate": "evaluation"}
+
+
+def overrides(real: bool, steps: int) -> list[str]:
+    common = [f"train.max_steps={steps}", f"train.save_every={max(1, steps // 4)}", "train.keep_last=10"]
+    if real:
+        return common + ["corpus.n_videos=24", "evaluate.max_examples=16"]
+    return common + ["corpus.n_videos=10"] + [f"orchestration.stages.{k}={v}" for k, v in STANDIN.items()
+                                              if k != "evaluate"] + [
+        "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint"]
+
+
+def fresh_dir(root: Path, name: str) -> Path:
+    d = root / name
+    d.mkdir()
+    shutil.copy(REPO / "params.yaml", d / "params.yaml")
+    shutil.copytree(REPO / "experiments", d / "experiments")
+    return d
+
+
+def env_for(d: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(STANDINS), "PREFECT_HOME": str(d / ".prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": "1", "STANDIN_STEP_S": "0.3",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180", "HF_HUB_OFFLINE": "1"}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def timed(cmd: list[str], d: Path, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def direct(d: Path, mods: dict[str, str], ov: list[str]) -> float:
+    """The same stages, called one after another with no orchestration (what a shell script would do)."""
+    env = env_for(d)
+    args = ["--params", "params.yaml", *ov]
+    total = sum(timed([PY, "-m", mods[s], *args], d, env) for s in ("corpus", "ingest", "preprocess", "train"))
+    ckpts = sorted(p for p in (d / "checkpoints").glob("step-*") if p.is_dir())
+    for c in ckpts:
+        total += timed([PY, "-m", mods["evaluate"], "--checkpoint", str(c), "--split", "val", *args], d, env)
+    total += timed([PY, "-m", mods["evaluate"], "--checkpoint", str(ckpts[-1]), "--split", "test", *args], d, env)
+    return total
+
+
+def flow(d: Path, ov: list[str]) -> float:
+    return timed([PY, "-m", "flows", *ov], d, env_for(d))
+
+
+def delays(d: Path) -> list[float]:
+    path = d / "reports" / "orchestration" / "checkpoint_evals.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r["started_at"] - r["saved_at"] for r in recs if r.get("split") == "val" and r.get("saved_at")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", action="store_true", help="real stages at a tiny scale instead of stand-ins")
+    parser.add_argument("--steps", type=int, default=8, help="training steps (4 checkpoints)")
+    parser.add_argument("--json", default=None, help="also write the numbers here")
+    args = parser.parse_args()
+    ov = overrides(args.real, args.steps)
+    with tempfile.TemporaryDirectory(prefix="vtg-bench-orch-") as tmp:
+        root = Path(tmp)
+        t_direct = direct(fresh_dir(root, "direct"), REAL if args.real else STANDIN, ov)
+        d = fresh_dir(root, "flow")
+        t_flow = flow(d, ov)
+        t_again = flow(d, ov)
+        lag = delays(d)
+    out = {"stages": "real" if args.real else "stand-in", "direct_s": round(t_direct, 1), "flow_s": round(t_flow, 1),
+           "overhead_s": round(t_flow - t_direct, 1), "flow_vs_direct": round(t_flow / t_direct, 2),
+           "flow_rerun_unchanged_s": round(t_again, 1), "rerun_vs_first": round(t_again / t_flow, 2),
+           "ckpt_to_eval_start_s": {"mean": round(statistics.mean(lag), 2), "max": round(max(lag), 2),
+                                    "n": len(lag)} if lag else None}
+    print(f"stages: {out['stages']}, {args.steps} steps, {len(lag)} checkpoints")
+    print(f"direct stage CLIs   : {t_direct:7.1f} s")
+    print(f"post-training flow  : {t_flow:7.1f} s   ratio {out['flow_vs_direct']:.2f}x   overhead {out['overhead_s']:+.1f} s")
+    print(f"flow, inputs same   : {t_again:7.1f} s   ({out['rerun_vs_first']:.2f}x of the first run; steps cached)")
+    if lag:
+        print(f"checkpoint saved -> evaluation start: mean {statistics.mean(lag):.2f} s, max {max(lag):.2f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
