@@ -35,13 +35,14 @@ def write_video(path: Path, scenes: list[tuple[int, int]], fps: float = 8.0, siz
     for k, (seed, n) in enumerate(scenes):
         if k:
             cuts.append(len(frames))
-        frames.extend(scene_frame(seed, size, t) for t in range(n))
+        frames.extend(scene_frame(seed, size, len(frames) + t) for t in range(n))
     if dissolve and len(scenes) >= 2:
         c = cuts[-1]
-        a, b = scene_frame(scenes[-2][0], size, 0), scene_frame(scenes[-1][0], size, 0)
         for i in range(dissolve):
+            t = c - dissolve // 2 + i
             w = (i + 1) / (dissolve + 1)
-            frames[c - dissolve // 2 + i] = cv2.addWeighted(a, 1 - w, b, w, 0)
+            a, b = scene_frame(scenes[-2][0], size, t), scene_frame(scenes[-1][0], size, t)
+            frames[t] = cv2.addWeighted(a, 1 - w, b, w, 0)
     if post is not None:
         frames = [post(f) for f in frames]
     h, w = frames[0].shape[:2]
@@ -76,8 +77,8 @@ def small_dataset(tmp_path) -> Path:
     write_video(vdir / "a.mp4", [(1, 40), (2, 40)])
     write_video(vdir / "b.mp4", [(3, 48), (4, 32)], dissolve=6)
     write_video(vdir / "c.mp4", [(5, 40), (6, 40), (7, 40)])
-    write_video(vdir / "a_dup.mp4", [(1, 40), (2, 40)], size=80,
-                post=lambda f: cv2.convertScaleAbs(f, alpha=1.0, beta=8))
+    write_video(vdir / "a_dup.mp4", [(1, 40), (2, 40)],
+                post=lambda f: cv2.convertScaleAbs(cv2.resize(f, (80, 80)), alpha=1.0, beta=8))
     (vdir / "zero.mp4").write_bytes(b"")
     (vdir / "text.mp4").write_text("not a video\n")
     for vid, dur in (("a", 10.0), ("b", 10.0), ("c", 15.0), ("a_dup", 10.0), ("zero", 10.0), ("text", 10.0)):
