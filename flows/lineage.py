@@ -158,6 +158,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the params file)")
     parser.add_argument("--json", action="store_true", help="print the chain as JSON")
     args = parser.parse_args(argv)
+    if not (Path(args.target).exists() or MODEL_URI.match(args.target) or RUN_ID.match(args.target)):
+        raise VTGError(f"{args.target!r} is neither a checkpoint directory, an MLflow run id, nor "
+                       "models:/NAME/VERSION or models:/NAME@ALIAS")
     overrides = [f"tracking.tracking_uri={args.tracking_uri}"] if args.tracking_uri else []
     cfg = load_config(args.params, None, overrides)
     c = client(cfg)
