@@ -1,14 +1,15 @@
 """Probe and decode: each video is read once; everything later steps need is computed in that one pass.
 
-The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we feed
-PySceneDetect's ContentDetector (hard cuts), keep a tiny colour thumbnail per frame (content change, gradual
-transitions, perceptual hashes), and keep frame_size candidates at `candidate_fps` with their native-resolution
+The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we
+run PySceneDetect's ContentDetector algorithm on downscaled frames (hard cuts; `scenes.ContentCuts`), keep a
+tiny colour thumbnail per frame (content change, gradual transitions, perceptual hashes), and keep frame_size candidates at `candidate_fps` with their native-resolution
 quality scores. Memory per video is bounded by duration x candidate_fps x frame_size^2.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from typing import Protocol
 
 import cv2
 import numpy as np
+
+from beam_jobs.scenes import ContentCuts
 
 THUMB = 16  # side of the colour thumbnail kept for every decoded frame
 
@@ -121,12 +124,6 @@ def file_sha256(path: str) -> tuple[str, int]:
     return h.hexdigest(), n
 
 
-def _detector(fps: float, threshold: float, min_scene_len_s: float):
-    from scenedetect.detectors import ContentDetector
-
-    return ContentDetector(threshold=threshold, min_scene_len=max(1, round(min_scene_len_s * fps)))
-
-
 def decode_video(
     path: str,
     *,
@@ -137,6 +134,7 @@ def decode_video(
     min_scene_len_s: float = 0.5,
     expected_duration_s: float | None = None,
     reader: str = "opencv",
+    engine: str = "batched",
 ) -> DecodedVideo:
     """Decode the local file `path` once. Raises DecodeError for zero-byte, non-video, unreadable or truncated
     files (use `local_copy` first for remote paths)."""
@@ -149,8 +147,9 @@ def decode_video(
     try:
         if not (fps > 0) or w <= 0 or h <= 0:
             raise DecodeError(f"no usable video stream (fps={fps}, size={w}x{h})")
+        cutter = ContentCuts(fps, cut_threshold, max(1, round(min_scene_len_s * fps)), engine)
         video = _scan(rd.frames(), fps, w, h, frame_size=frame_size, candidate_fps=candidate_fps,
-                      detect_size=detect_size, cut_threshold=cut_threshold, min_scene_len_s=min_scene_len_s)
+                      detect_size=detect_size, cutter=cutter)
     finally:
         rd.close()
     _check_complete(video.n_frames, fps, declared, expected_duration_s)
@@ -158,38 +157,34 @@ def decode_video(
 
 
 def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_size: int, candidate_fps: float,
-          detect_size: int, cut_threshold: float, min_scene_len_s: float) -> DecodedVideo:
-    """The single pass over the frames."""
-    from scenedetect import FrameTimecode
-
-    scale = min(1.0, detect_size / max(w, h))
-    dsize = (max(1, round(w * scale)), max(1, round(h * scale)))
-    det = _detector(fps, cut_threshold, min_scene_len_s)
+          detect_size: int, cutter: ContentCuts) -> DecodedVideo:
+    """The single pass over the frames (OpenCV primitives only: this loop is the job's hot path)."""
+    factor = max(1, math.ceil(max(w, h) / detect_size))  # integer factors take OpenCV's fast INTER_AREA path
+    dsize = (max(1, w // factor), max(1, h // factor))
     step = max(1.0, fps / candidate_fps)
-    thumbs, cuts, cand_idx, cands, sharp, bright = [], [], [], [], [], []
-    next_cand, tc = 0.0, None
+    thumbs, cand_idx, cands, sharp, bright = [], [], [], [], []
+    next_cand, n = 0.0, 0
     for i, frame in enumerate(frames):
-        small = cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if scale < 1 else frame
-        tc = FrameTimecode(i, fps)
-        cuts.extend(c.frame_num for c in det.process_frame(tc, small))
+        small = cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame
+        cutter.push(i, small)
         thumbs.append(cv2.resize(small, (THUMB, THUMB), interpolation=cv2.INTER_AREA))
+        n = i + 1
         if i >= next_cand - 1e-9:
             next_cand += step
             grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
-            sharp.append(float(cv2.Laplacian(grey, cv2.CV_64F).var()))
-            bright.append(float(grey.mean()))
-            rgb = cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
-            cands.append(np.ascontiguousarray(rgb[:, :, ::-1]))
+            _, std = cv2.meanStdDev(cv2.Laplacian(grey, cv2.CV_64F))
+            sharp.append(float(std[0, 0]) ** 2)
+            bright.append(cv2.mean(grey)[0])
+            cands.append(cv2.cvtColor(cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA),
+                                      cv2.COLOR_BGR2RGB))
             cand_idx.append(i)
-    if tc is None:
+    if n == 0:
         raise DecodeError("no frame could be decoded")
-    cuts.extend(c.frame_num for c in det.post_process(tc))
-    n = len(thumbs)
     th = np.stack(thumbs)
     change = np.zeros(n, np.float32)
     change[1:] = np.abs(th[1:].astype(np.int16) - th[:-1].astype(np.int16)).mean(axis=(1, 2, 3))
     return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, thumbs=th, change=change,
-                        hard_cuts=sorted({c for c in cuts if 0 < c < n}), cand_idx=np.asarray(cand_idx),
+                        hard_cuts=[c for c in cutter.finish() if 0 < c < n], cand_idx=np.asarray(cand_idx),
                         cand_frames=cands, sharpness=np.asarray(sharp), brightness=np.asarray(bright))
 
 

@@ -9,9 +9,51 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import cv2
 import numpy as np
 
 EPS = 1e-6
+
+
+class ContentCuts:
+    """PySceneDetect's ContentDetector (default weights: mean |change| of hue, saturation and value), with its
+    own FlashFilter for the minimum scene length, computed with OpenCV primitives on the frames we already
+    decoded and downscaled. Gives the same cuts as `ContentDetector.process_frame` (tested) at a fraction of
+    its per-frame Python cost; `engine="pyscenedetect"` feeds ContentDetector itself instead."""
+
+    def __init__(self, fps: float, threshold: float, min_scene_len: int, engine: str = "batched") -> None:
+        from scenedetect.detector import FlashFilter
+        from scenedetect.detectors import ContentDetector
+
+        self.fps, self.threshold = fps, threshold
+        self.engine = engine
+        self._det = ContentDetector(threshold=threshold, min_scene_len=min_scene_len) if engine != "batched" \
+            else None
+        self._filter = FlashFilter(mode=FlashFilter.Mode.MERGE, length=min_scene_len)
+        self._prev: np.ndarray | None = None
+        self._last = None
+        self.cuts: list[int] = []
+
+    def push(self, i: int, bgr_small: np.ndarray) -> None:
+        from scenedetect import FrameTimecode
+
+        if self._det is not None:
+            self._last = FrameTimecode(i, self.fps)
+            self.cuts.extend(c.frame_num for c in self._det.process_frame(self._last, bgr_small))
+            return
+        hsv = cv2.cvtColor(bgr_small, cv2.COLOR_BGR2HSV)
+        score = 0.0 if self._prev is None else sum(cv2.mean(cv2.absdiff(hsv, self._prev))[:3]) / 3.0
+        self._prev = hsv
+        above = score >= self.threshold
+        # The filter's state changes only on the first frame, above-threshold frames, or while merging.
+        if i == 0 or above or self._filter._merge_triggered:
+            self._last = FrameTimecode(i, self.fps)
+            self.cuts.extend(c.frame_num for c in self._filter.filter(self._last, above))
+
+    def finish(self) -> list[int]:
+        if self._det is not None and self._last is not None:
+            self.cuts.extend(c.frame_num for c in self._det.post_process(self._last))
+        return sorted(set(self.cuts))
 
 
 def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_frames: int = 1,

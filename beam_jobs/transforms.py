@@ -123,7 +123,7 @@ class ProcessVideoFn(beam.DoFn):
                                      cut_threshold=self.cfg.scenes.threshold,
                                      min_scene_len_s=self.cfg.scenes.min_scene_len_s,
                                      expected_duration_s=max(r.duration_s for r in records),
-                                     reader=self.cfg.reader)
+                                     reader=self.cfg.reader, engine=self.cfg.scenes.engine)
         except (DecodeError, OSError, ValueError, cv2.error) as e:
             self.failed.inc()
             yield from self._fail(records, f"{type(e).__name__}: {e}" if not isinstance(e, DecodeError) else str(e))

@@ -160,3 +160,11 @@ def test_keys_and_verdicts():
     assert query_verdict("a", "b", 0.9, 0.5, True) == "duplicate_query"
     assert query_verdict("a", "a", 0.9, 0.5, True) == "text_answerable"
     assert query_verdict("a", None, 0.9, 0.5, False) is None
+
+
+def test_batched_cuts_equal_pyscenedetect_contentdetector(tmp_path):
+    write_video(tmp_path / "v.mp4", [(1, 20), (2, 6), (3, 30), (4, 24)], dissolve=6)
+    for min_len in (0.1, 0.5, 2.0):
+        got = [decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=2.0, cut_threshold=15.0,
+                            min_scene_len_s=min_len, engine=e).hard_cuts for e in ("batched", "pyscenedetect")]
+        assert got[0] == got[1] and got[0]

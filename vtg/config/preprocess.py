@@ -17,8 +17,12 @@ RUNNER_PROFILES = {
 
 
 class ScenesConfig(Section):
+    engine: Literal["batched", "pyscenedetect"] = "batched"
+    """Hard cuts: `pyscenedetect` feeds ContentDetector.process_frame; `batched` runs the same algorithm (and
+    PySceneDetect's FlashFilter) with OpenCV primitives on our decode: same cuts, ~3x less per-frame cost."""
     detect_size: int = Field(64, ge=16)
-    """Frames are downscaled so their longer side is at most this before cut detection (cheaper, same cuts)."""
+    """Frames are downscaled by the smallest integer factor that brings their longer side to at most this
+    before cut detection and thumbnails (cheaper; integer factors keep OpenCV's fast area averaging)."""
     threshold: float = Field(15.0, gt=0)
     """PySceneDetect ContentDetector threshold for hard cuts (mean HSV change between frames)."""
     min_scene_len_s: float = Field(0.5, ge=0)
@@ -103,7 +107,7 @@ class PreprocessConfig(Section):
     """Uniform mode at a fixed rate (frames per second) instead of a fixed count; 0 = fixed count."""
     adaptive_mix: float = Field(0.5, ge=0, le=1)
     """Adaptive mode: share of the frame budget spread uniformly; the rest follows content change."""
-    candidate_fps: float = Field(8.0, gt=0)
+    candidate_fps: float = Field(4.0, gt=0)
     """Decoded frames kept (resized) per second as candidates for extraction; bounds memory per video."""
     frame_size: int = Field(56, ge=28)
     """Frames are resized to frame_size x frame_size (a multiple of 28 for Qwen2.5-VL)."""
