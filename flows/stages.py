@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +87,17 @@ def _has_cuda() -> bool:
         return False
 
 
+def _lines(stream) -> Iterator[str]:
+    """Lines as they arrive, split at `\n` and at `\r` too (progress bars repaint with `\r` only)."""
+    buf = b""
+    while chunk := stream.read(8192):
+        buf += chunk
+        *done, buf = re.split(rb"\r\n|\r|\n", buf)
+        yield from (d.decode(errors="replace") for d in done)
+    if buf:
+        yield buf.decode(errors="replace")
+
+
 _BAR = re.compile(r"^(?P<label>[^|]*?)\s*(?P<pct>\d+)%\|")
 
 
@@ -110,12 +121,11 @@ def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd
     t0 = time.perf_counter()
     log.info("[%s] $ %s", name, " ".join(argv))
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                          text=True, bufsize=1, errors="replace") as proc:
+                          bufsize=0) as proc:
         assert proc.stdout is not None
         last_bar: dict[str, str] = {}
-        for raw in proc.stdout:
-            line = raw.rstrip("\n").rsplit("\r", 1)[-1]
-            if _repeated_progress(line, last_bar):
+        for line in _lines(proc.stdout):
+            if not line.strip() or _repeated_progress(line, last_bar):
                 continue
             emit(line)
             tail = (tail + [line])[-tail_lines:]
