@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 
@@ -18,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and exit after optimizer step N (a later run resumes exactly)")
     parser.add_argument("--summary", default=None, metavar="PATH",
-                        help="write a JSON summary (steps, losses, skips, wall time) here on rank 0")
+                        help="on rank 0, write scalar metrics (final loss, steps/s, skips, wall time) as JSON here "
+                             "and the per-step losses as CSV beside it (<name>_loss.csv), e.g. for DVC")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse_hidden())
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
@@ -28,9 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if args.summary and (not dist.is_initialized() or dist.get_rank() == 0):
-        with open(args.summary, "w") as f:
-            json.dump(summary, f, indent=1)
+        write_summary(summary, Path(args.summary))
     return 0
+
+
+def write_summary(summary: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    losses = summary.pop("losses", [])
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    first = summary["step"] - len(losses) + 1
+    rows = "".join(f"{first + i},{loss!r}\n" for i, loss in enumerate(losses))
+    path.with_name(f"{path.stem}_loss.csv").write_text("step,loss\n" + rows)
 
 
 def argparse_hidden() -> str:

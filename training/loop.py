@@ -6,6 +6,7 @@ FSDP2). Side effects go through callbacks; this module imports no tracker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import memory_metrics
 from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
-from training.processing import VisionParams, model_inputs
+from training.processing import TIMESTAMPS_KEY, VisionParams, model_inputs
 from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
@@ -61,6 +62,20 @@ def data_version(shards_dir: str | Path) -> str:
     return lineage.tree_digest(shards_dir)
 
 
+RUN_LENGTH_KEYS = {"max_steps", "save_every", "keep_last", "resume", "log_every", "progress", "checkpoint_hooks",
+                   "out_dir"}
+
+
+def train_hash(tcfg) -> str:
+    """Hash of what determines the trajectory (run length, logging and hooks excluded): resume needs a match."""
+    data = tcfg.model_dump(mode="json")
+    for key in RUN_LENGTH_KEYS:
+        data.pop(key, None)
+    data["data"].pop("prefetch_factor", None)
+    blob = json.dumps(data, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 def build_model(tcfg, device: torch.device):
     from transformers import AutoModelForImageTextToText, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -76,6 +91,7 @@ def build_model(tcfg, device: torch.device):
     except OSError as e:
         raise VTGError(f"train.model.base={tcfg.model.base!r}: cannot load ({str(e).splitlines()[0]})") from None
     model.config.use_cache = False
+    tokenizer.init_kwargs[TIMESTAMPS_KEY] = tcfg.data.timestamps  # encode_example and every export follow it
     if tcfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -145,6 +161,10 @@ class Trainer:
         if meta.get("world_size", 1) != self.dist.world_size or not rank_file.is_file():
             raise VTGError(f"{src}: saved with world size {meta.get('world_size')}, now {self.dist.world_size}; "
                            "exact resume needs the same world size (or set train.resume=never)")
+        if meta.get("train_hash") != train_hash(self.tcfg):
+            raise VTGError(f"{src} was trained with different train settings (train_hash {meta.get('train_hash')} "
+                           f"!= {train_hash(self.tcfg)}); set train.resume=never to start over, or another "
+                           "train.out_dir")
         if meta.get("data_version") != self.data_version:
             log.warning("resuming %s trained on data %s, shards are now %s", src, meta.get("data_version"),
                         self.data_version)
@@ -176,7 +196,7 @@ class Trainer:
         if self.dist.is_main:
             self.export_hf(state_dict, tmp / ckpt.HF_DIR)
             meta = {"data_version": self.data_version, "git_commit": self.git_commit,
-                    "config_hash": config_hash(self.cfg), "finetune": self.tcfg.model.finetune,
+                    "config_hash": config_hash(self.cfg), "train_hash": train_hash(self.tcfg), "finetune": self.tcfg.model.finetune,
                     "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
                     "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
                     "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
@@ -210,7 +230,7 @@ class Trainer:
 
     def fit(self, stop_after: int | None = None) -> dict:
         t, st, dev = self.tcfg, self.state, self.dist.device
-        start_wall = time.perf_counter()
+        start_wall, start_step = time.perf_counter(), st.step
         self.callbacks.on_train_start(self.run_info())
         stop_at = min(t.max_steps, stop_after) if stop_after else t.max_steps
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
@@ -261,8 +281,10 @@ class Trainer:
                 window["start"] = time.perf_counter()  # checkpoint time is not step time
             completed = st.step >= stop_at
         del loader
+        wall = time.perf_counter() - start_wall
         summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
-                   "data_errors": st.data_errors, "wall_s": time.perf_counter() - start_wall,
+                   "data_errors": st.data_errors, "wall_s": wall, "samples_seen": st.samples,
+                   "steps_per_s": (st.step - start_step) / wall if wall > 0 else 0.0,
                    "completed": st.step >= t.max_steps, "losses": list(st.losses)}
         self.callbacks.on_train_end(summary)
         return summary

@@ -93,6 +93,37 @@ def seconds_per_grid(timestamps: Sequence[float], temporal_patch_size: int = 2) 
     return temporal_patch_size * interval
 
 
+TIMESTAMP_MODES = ("text", "rope")
+DEFAULT_TIMESTAMPS = "text"
+TIMESTAMPS_KEY = "vtg_timestamps"  # saved in tokenizer_config.json, so an export says how it was trained
+
+
+def timestamp_mode(tokenizer, requested: str | None = None) -> str:
+    mode = requested or getattr(tokenizer, "init_kwargs", {}).get(TIMESTAMPS_KEY) or DEFAULT_TIMESTAMPS
+    if mode not in TIMESTAMP_MODES:
+        raise ValueError(f"timestamps must be one of {TIMESTAMP_MODES}, got {mode!r}")
+    return mode
+
+
+def _video_block(tokenizer, video_token: str, grid: torch.Tensor, timestamps: Sequence[float],
+                 vision: VisionParams, mode: str) -> tuple[str, torch.Tensor, int]:
+    """The text that replaces the template's single video placeholder, the per-video grids, and #groups.
+
+    `rope`: one video, time only in the 3-D rope positions. `text`: one video per temporal patch, each preceded
+    by the time of its first frame as text (`7.2s`), so the model can copy times it reads next to the frames.
+    """
+    gt, gh, gw = grid[0].tolist()
+    start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
+    end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
+    per_group = gh * gw // vision.merge_size ** 2
+    if mode == "rope":
+        return f"{start}{video_token * (gt * per_group)}{end}", grid, 1
+    ts = list(timestamps) + [timestamps[-1]] * (gt * vision.temporal_patch_size - len(timestamps))
+    text = "".join(f"{ts[g * vision.temporal_patch_size]:.1f}s{start}{video_token * per_group}{end}"
+                   for g in range(gt))
+    return text, torch.tensor([[1, gh, gw]] * gt), gt
+
+
 def build_messages(query: str) -> list[dict]:
     return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": query}]}]
 
@@ -107,12 +138,14 @@ def encode_example(
     vision: VisionParams = VisionParams(),
     max_length: int | None = None,
     key: str = "",
+    timestamps_mode: str | None = None,
 ) -> dict:
     """One example's model inputs (1-D tensors, no batch dim). `answer=None` -> a generation prompt.
 
     `answer` is the target text, which callers build with `vtg.answer.format_answer` (see `answer_text`).
     Labels are -100 everywhere except the answer tokens and the closing `<|im_end|>`. `max_length` truncation
     that would cut the answer raises ValueError (the sanity checks turn it into a clear error).
+    `timestamps_mode` (`text` or `rope`, see `_video_block`) defaults to what the tokenizer was exported with.
     """
     if len(timestamps) != len(frames):
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
@@ -120,10 +153,15 @@ def encode_example(
     n_video_tokens = int(grid.prod()) // (vision.merge_size ** 2)
     video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
     prompt = tokenizer.apply_chat_template(build_messages(query), tokenize=False, add_generation_prompt=True)
-    if prompt.count(video_token) != 1:
-        raise ValueError(f"chat template must render exactly one {video_token} for a video, got "
-                         f"{prompt.count(video_token)}")
-    prompt = prompt.replace(video_token, video_token * n_video_tokens)
+    start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
+    end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
+    placeholder = f"{start}{video_token}{end}"
+    if prompt.count(video_token) != 1 or placeholder not in prompt:
+        raise ValueError(f"chat template must render exactly one {placeholder} for a video, got "
+                         f"{prompt.count(video_token)} {video_token}")
+    block, grid_rows, groups = _video_block(tokenizer, video_token, grid, timestamps, vision,
+                                            timestamp_mode(tokenizer, timestamps_mode))
+    prompt = prompt.replace(placeholder, block)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer_ids: list[int] = []
     if answer is not None:
@@ -147,8 +185,8 @@ def encode_example(
         "labels": labels,
         "mm_token_type_ids": mm,
         "pixel_values_videos": pixels,
-        "video_grid_thw": grid,
-        "second_per_grid_ts": torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)]),
+        "video_grid_thw": grid_rows,
+        "second_per_grid_ts": torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)] * groups),
         "key": key,
     }
 
