@@ -1,8 +1,17 @@
 """`python -m beam_jobs.preprocess`: canonical records + videos -> WebDataset shards (DESIGN.md §3).
 
-Configuration comes from params.yaml (`preprocess:` section), an optional experiment and dotted overrides;
-anything starting with `--` that this CLI does not know is a Beam pipeline option and is passed through
-(`--runner=FlinkRunner --flink_master=...`), winning over the runner profile `preprocess.runner`.
+Reads `preprocess.records` (written by `python -m vtg.ingest`), decodes every video once, splits it into
+scene-aligned windows, extracts frames, drops low-quality windows, near-duplicate videos, duplicate and
+text-answerable queries, partitions by video/duplicate cluster, and writes under `preprocess.out_dir`:
+  <split>/shard-%06d.tar   WebDataset samples (one window: f000.jpg ... + json), byte-identical on rerun
+  manifest.json            counts (inputs = kept + filtered + failed), drops per reason, lineage digests
+  filtered.jsonl           every filtered record with its reason; dead_letter.jsonl: every failed one
+  location_bias.png        normalized start/end histograms of the moments (all vs kept)
+
+Configuration comes from params.yaml (`preprocess:` section), an optional experiment and dotted overrides.
+Anything starting with `--` is a Beam pipeline option, passed through and winning over the runner profile
+`preprocess.runner` (e.g. `--runner=FlinkRunner --flink_master=host:8081`, `--direct_num_workers=4`).
+Example: python -m beam_jobs.preprocess preprocess.frame_mode=adaptive --direct_running_mode=in_memory
 """
 
 from __future__ import annotations

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from corpus_metrics import measure, read_shards
-from corpus_truth import cut_f1, load_truth, write_records
+from corpus_truth import cut_f1, load_truth
 
 from beam_jobs.preprocess import run
 from beam_jobs.probe import decode_video
 from beam_jobs.video import detect_scenes
-from vtg.config import CorpusConfig, load_config
+from vtg.config import CorpusConfig, IngestConfig, load_config
 from vtg.corpus import build_corpus
+from vtg.ingest import ingest
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = {"n_videos": 30, "workers": 1, "defect_fraction": 0.25, "long_fraction": 0.2,
@@ -31,7 +32,11 @@ def corpus_config(records: Path, out: Path):
 def corpus_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pp_corpus")
     build_corpus(CorpusConfig(out_dir=str(root / "corpus"), **CORPUS))
-    records = write_records(root / "corpus", root / "records.jsonl")
+    records = root / "records.jsonl"  # ingested from the corpus's annotation file, like real data
+    corpus = root / "corpus"
+    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
+                        out=str(records), dead_letter=str(root / "ingest_dead.jsonl"),
+                        summary=str(root / "ingest_summary.json")))
     cfg = corpus_config(records, root / "shards")
     manifest = run(cfg, IN_PROCESS, show=False)
     return root, cfg, manifest

@@ -66,7 +66,8 @@ def test_text_bias_flags_position_giveaways():
 def test_cli_end_to_end_on_fixture_videos(small_dataset, tmp_path, capsys):
     out = tmp_path / "shards"
     argv = ["--params", str(REPO_PARAMS), f"preprocess.records={small_dataset}", f"preprocess.out_dir={out}",
-            "preprocess.progress=false", "preprocess.max_window_s=6", *IN_PROCESS]
+            "preprocess.progress=false", "preprocess.max_window_s=6", "preprocess.frame_mode=adaptive",
+            "preprocess.samples_per_shard=1", *IN_PROCESS]
     assert preprocess.main(argv) == 0
     m = json.loads((out / "manifest.json").read_text())
     rec_ = m["records"]
@@ -77,6 +78,14 @@ def test_cli_end_to_end_on_fixture_videos(small_dataset, tmp_path, capsys):
     assert {d["error"] for d in dead if d["stage"] == "decode"} == {"zero-byte file",
                                                                     "not a decodable video (OpenCV could not open it)"}
     assert "moment_crosses_window" in m["dropped_per_reason"] or m["windows_dropped_per_reason"]
+    n = sum(m["samples_per_split"].values())
+    assert n >= 3 and len(m["shards"]) == n and all(s["samples"] == 1 for s in m["shards"])
+    import webdataset as wds
+
+    sample = next(iter(wds.WebDataset(str(out / m["shards"][0]["path"]), shardshuffle=False)))
+    meta = json.loads(sample["json"])
+    assert meta["frame_mode"] == "adaptive" and meta["num_frames"] == 16 and meta["window_end_s"] <= 6 + 1e-6
+    assert meta["preprocess_version"] == f"{m['code_version']}+{m['params_hash']}"
     err = capsys.readouterr().err
     assert "preprocess summary" in err and "near_duplicate_video" in err
 
