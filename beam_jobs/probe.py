@@ -87,7 +87,7 @@ class DecodedVideo:
     cand_idx: np.ndarray
     """Frame indices of the kept candidates."""
     cand_frames: list[np.ndarray] = field(repr=False)
-    """RGB frame_size x frame_size candidates."""
+    """BGR frame_size x frame_size candidates (converted to RGB only when picked)."""
     sharpness: np.ndarray = field(repr=False)
     """Variance of the Laplacian (native resolution grey) per candidate."""
     brightness: np.ndarray = field(repr=False)
@@ -165,18 +165,21 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     thumbs, cand_idx, cands, sharp, bright = [], [], [], [], []
     next_cand, n = 0.0, 0
     for i, frame in enumerate(frames):
-        small = cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame
-        cutter.push(i, small)
-        thumbs.append(cv2.resize(small, (THUMB, THUMB), interpolation=cv2.INTER_AREA))
+        # Thumbnails come straight from the frame so that every resolution of the same content matches.
+        thumb = cv2.resize(frame, (THUMB, THUMB), interpolation=cv2.INTER_AREA)
+        thumbs.append(thumb)
+        if detect_size <= THUMB:
+            cutter.push(i, thumb)
+        else:
+            cutter.push(i, cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame)
         n = i + 1
         if i >= next_cand - 1e-9:
             next_cand += step
             grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
-            _, std = cv2.meanStdDev(cv2.Laplacian(grey, cv2.CV_64F))
+            _, std = cv2.meanStdDev(cv2.Laplacian(grey, cv2.CV_16S))  # exact: |3x3 Laplacian of uint8| < 2^15
             sharp.append(float(std[0, 0]) ** 2)
             bright.append(cv2.mean(grey)[0])
-            cands.append(cv2.cvtColor(cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA),
-                                      cv2.COLOR_BGR2RGB))
+            cands.append(cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA))
             cand_idx.append(i)
     if n == 0:
         raise DecodeError("no frame could be decoded")

@@ -186,6 +186,8 @@ class _VerifyBucket(beam.DoFn):
 
 
 def _resolve(edges):
+    """Verified edges (one per band that found the pair) -> sorted (member, canonical) pairs."""
+    edges = sorted(set(edges))
     rank = {}
     for a, ra, b, rb in edges:
         rank[a], rank[b] = ra, rb
@@ -196,7 +198,8 @@ class NearDuplicates(beam.PTransform):
     """(id, shingles, rank, scope[, span]) items -> (id, canonical id) for members of duplicate clusters.
 
     Band keys are scoped (videos: one global scope; queries: their video), grouped with a GroupByKey,
-    verified by exact Jaccard; only the verified edges are gathered to resolve clusters."""
+    verified by exact Jaccard; only the verified edges (duplicates, not the data set) are gathered to
+    resolve clusters."""
 
     def __init__(self, cfg: DedupConfig, threshold: float, span_iou: float | None = None) -> None:
         super().__init__()
@@ -212,7 +215,6 @@ class NearDuplicates(beam.PTransform):
                                 dedup.band_keys(it[5], c.bands)])
                 | "GroupBands" >> beam.GroupByKey()
                 | "Verify" >> beam.ParDo(_VerifyBucket(self.threshold, self.span_iou))
-                | "DistinctEdges" >> beam.Distinct()
                 | "GatherEdges" >> beam.combiners.ToList()
                 | "Resolve" >> beam.FlatMap(_resolve))
 

@@ -70,7 +70,7 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             continue
         pick = select_frames(video, ws, we, cfg)
         stamps = [round(float(t) - ws, 4) for t in cand_t[pick]]
-        jpegs = [encode_jpeg(video.cand_frames[i], cfg.jpeg_quality) for i in pick]
+        jpegs = [encode_jpeg(video.cand_frames[i][:, :, ::-1], cfg.jpeg_quality) for i in pick]
         windows.append(WindowItem(
             video_id=video_id, index=k, start_s=ws, end_s=we, timestamps=stamps,
             fps=round(len(pick) / (we - ws), 6), jpegs=jpegs, quality=scores,
