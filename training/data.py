@@ -25,13 +25,19 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
 import torch
 import webdataset as wds
 
-from training.processing import VisionParams, answer_text, collate, encode_example, smart_resize
+from training.processing import (
+    VisionParams,
+    answer_text,
+    collate,
+    decode_frames,
+    encode_example,
+    smart_resize,
+)
 from vtg.errors import VTGError
-from vtg.shards import SampleMeta, decode_jpeg, list_shards
+from vtg.shards import SampleMeta, list_shards
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +160,9 @@ def token_budget_batches(examples: Iterator[dict], max_batch: int, token_budget:
 class ShardStream(torch.utils.data.IterableDataset):
     """The training stream of one rank; each DataLoader worker runs its own disjoint part of it."""
 
-    def __init__(self, spec: StreamSpec, tokenizer, vision: VisionParams = VisionParams()):
+    def __init__(self, spec: StreamSpec, tokenizer, vision: VisionParams | None = None):
         super().__init__()
-        self.spec, self.tokenizer, self.vision = spec, tokenizer, vision
+        self.spec, self.tokenizer, self.vision = spec, tokenizer, vision or VisionParams()
 
     def _worker(self) -> tuple[int, int, int]:
         rank, _, worker, num_workers = wds.utils.pytorch_worker_info()
@@ -185,7 +191,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         out = []
         for ex in raw:
             try:
-                frames = np.stack([decode_jpeg(j) for j in ex["jpegs"]])
+                frames = decode_frames(ex["jpegs"])
                 out.append(encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
                                           answer_text(ex["windows"]), vision=self.vision,
                                           max_length=self.spec.max_seq_len, key=ex["key"]))
@@ -220,7 +226,7 @@ def resolve_urls(shards: str | list[str], split: str) -> list[str]:
 
 def make_loader(spec: StreamSpec, tokenizer, vision: VisionParams, num_workers: int,
                 prefetch_factor: int) -> torch.utils.data.DataLoader:
-    kw = dict(prefetch_factor=prefetch_factor, persistent_workers=False) if num_workers > 0 else {}
+    kw = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
     return torch.utils.data.DataLoader(ShardStream(spec, tokenizer, vision), batch_size=None,
                                        num_workers=num_workers, worker_init_fn=_worker_init, **kw)
 

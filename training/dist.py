@@ -44,13 +44,13 @@ def prepare_env() -> None:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
 
 
 def init_distributed(strategy: str = "deepspeed") -> DistInfo:
     """Initialise (once) the default process group: nccl on GPUs, gloo on CPU."""
     prepare_env()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:

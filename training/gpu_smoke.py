@@ -16,11 +16,11 @@ import time
 import numpy as np
 import torch
 
-SMALL_TEXT = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 8, 8]})
-SMALL_VISION = dict(depth=4, hidden_size=256, intermediate_size=688, num_heads=4, fullatt_block_indexes=[3],
-                    out_hidden_size=512)
+SMALL_TEXT = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8,
+                  "num_key_value_heads": 4,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 8, 8]}}
+SMALL_VISION = {"depth": 4, "hidden_size": 256, "intermediate_size": 688, "num_heads": 4, "fullatt_block_indexes": [3],
+                    "out_hidden_size": 512}
 
 
 def small_model(attn: str, dtype: torch.dtype, device: str):

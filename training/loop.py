@@ -21,8 +21,16 @@ import torch
 from training import checkpoint as ckpt
 from training.callbacks import Callback, CallbackList, default_callbacks
 from training.data import StreamSpec, make_loader, read_examples, resolve_urls
-from training.dist import DistInfo, all_reduce_max, all_reduce_sum, barrier, init_distributed, rng_state, \
-    seed_everything, set_rng_state
+from training.dist import (
+    DistInfo,
+    all_reduce_max,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import memory_metrics

@@ -14,8 +14,14 @@ import torch
 from training.tiny import build_tiny_model
 from vtg.errors import VTGError
 
-__all__ = ["build_tiny_model", "load_model_and_tokenizer", "choose_attn_implementation", "resolve_base",
-           "apply_finetune_mode", "count_parameters"]
+__all__ = [
+    "apply_finetune_mode",
+    "build_tiny_model",
+    "choose_attn_implementation",
+    "count_parameters",
+    "load_model_and_tokenizer",
+    "resolve_base",
+]
 
 log = logging.getLogger(__name__)
 

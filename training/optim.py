@@ -38,5 +38,5 @@ def build_optimizer(model: torch.nn.Module, tcfg) -> torch.optim.AdamW:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, tcfg) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = int(round(tcfg.warmup_ratio * tcfg.max_steps))
+    warmup = round(tcfg.warmup_ratio * tcfg.max_steps)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(tcfg.max_steps, warmup, tcfg.min_lr_ratio))

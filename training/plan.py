@@ -140,11 +140,11 @@ def model_size(base: str) -> tuple[float, float]:
 
 def render(s: Setup, min_activation_gb: float) -> str:
     best = recommend(s, min_activation_gb)
-    lines = [f"model {s.params / 1e9:.3g}B params (largest layer {s.largest_layer / 1e6:.3g}M), "
-             f"{s.precision}, trainable {s.trainable_frac:.0%}; {s.nodes} node(s) x {s.gpus_per_node} GPU(s) "
-             f"x {s.gpu_mem_gb:g} GiB", "",
-             f"{'ZeRO':<6}{'offload':<11}{'params':>9}{'grads':>9}{'optim':>9}{'buffer':>9}{'states':>9}"
-             f"{'DS est.':>9}{'act.budget':>12}{'CPU/node':>10}  (GiB per GPU)"]
+    lines = [(f"model {s.params / 1e9:.3g}B params (largest layer {s.largest_layer / 1e6:.3g}M), "
+              f"{s.precision}, trainable {s.trainable_frac:.0%}; {s.nodes} node(s) x {s.gpus_per_node} GPU(s) "
+              f"x {s.gpu_mem_gb:g} GiB"), "",
+             (f"{'ZeRO':<6}{'offload':<11}{'params':>9}{'grads':>9}{'optim':>9}{'buffer':>9}{'states':>9}"
+              f"{'DS est.':>9}{'act.budget':>12}{'CPU/node':>10}  (GiB per GPU)")]
     for stage in range(4):
         for off_opt, off_param in ((False, False), (True, False), (True, True)):
             if (off_opt and stage == 0) or (off_param and stage != 3):

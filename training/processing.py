@@ -12,6 +12,7 @@ that transformers 5 builds 3-D rope positions (without it the model silently fal
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,6 +60,25 @@ def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
                      for f in frames])
 
 
+@functools.cache
+def _normalize_table() -> torch.Tensor:
+    """[3, 256] float32: the normalised value of every uint8 level per channel."""
+    levels = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
+    mean = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(3, 1)
+    std = torch.tensor(CLIP_STD, dtype=torch.float32).view(3, 1)
+    return (levels.view(1, 256) - mean) / std
+
+
+def decode_frames(jpegs: Sequence[bytes]) -> np.ndarray:
+    """JPEG bytes -> uint8 RGB [T, H, W, 3] (one channel flip for the whole clip)."""
+    import cv2
+
+    frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in jpegs]
+    if any(f is None for f in frames):
+        raise ValueError("not a decodable JPEG")
+    return np.ascontiguousarray(np.stack(frames)[..., ::-1])
+
+
 def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 RGB frames [T, H, W, 3] -> (pixel_values_videos [N, C*tp*p*p] float32, video_grid_thw [1, 3]).
 
@@ -68,12 +88,12 @@ def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tup
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
     factor = vp.patch_size * vp.merge_size
     h, w = smart_resize(frames.shape[1], frames.shape[2], factor, vp.min_pixels, vp.max_pixels)
-    x = torch.from_numpy(np.ascontiguousarray(_resize_frames(frames, h, w))).permute(0, 3, 1, 2)
-    # Same arithmetic as transformers' numpy path: float64 rescale, cast to float32, then (x - mean) / std.
-    x = (x.to(torch.float64) * (1 / 255)).to(torch.float32)
-    mean = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
-    std = torch.tensor(CLIP_STD, dtype=torch.float32).view(1, 3, 1, 1)
-    x = (x - mean) / std
+    pixels = torch.from_numpy(np.ascontiguousarray(_resize_frames(frames, h, w))).permute(0, 3, 1, 2).long()
+    # One gather from a per-channel table of the 256 possible values, each computed with transformers' own
+    # arithmetic (float64 rescale, cast to float32, then (x - mean) / std): bit-identical and ~10x faster.
+    x = _normalize_table().gather(1, pixels.transpose(0, 1).reshape(3, -1)).view(3, *pixels.shape[:1],
+                                                                                 *pixels.shape[2:])
+    x = x.transpose(0, 1)
     tp, p, m = vp.temporal_patch_size, vp.patch_size, vp.merge_size
     if pad := -x.shape[0] % tp:
         x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)])

@@ -34,12 +34,12 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-TINY_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]})
-TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
-                   temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1], tokens_per_second=2,
-                   out_hidden_size=64)
+TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
+TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
+                   "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2,
+                   "out_hidden_size": 64}
 TINY_VERSION = "1"  # bump when the recipe changes: cached builds are keyed by it
 
 

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"))
 
-from train_fixtures import write_fixture_shards  # noqa: E402
+from train_fixtures import write_fixture_shards
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,15 @@ import json
 
 import pytest
 
-from training.checkpoint import (finalize, latest_checkpoint, list_checkpoints, read_checkpoint_meta,
-                                 resolve_checkpoint, temp_dir_for, update_best)
+from training.checkpoint import (
+    finalize,
+    latest_checkpoint,
+    list_checkpoints,
+    read_checkpoint_meta,
+    resolve_checkpoint,
+    temp_dir_for,
+    update_best,
+)
 from vtg.errors import VTGError
 
 META = {"data_version": "d", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h",

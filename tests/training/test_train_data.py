@@ -1,10 +1,9 @@
 """Streaming shards: one example per query, corrupt samples skipped and counted, clear errors, resume position."""
 
-import dataclasses
 import io
-import json
 import tarfile
 from itertools import islice
+from pathlib import Path
 
 import pytest
 
@@ -49,7 +48,7 @@ def test_corrupt_samples_are_skipped_and_counted(shards_dir, tiny_tokenizer, tmp
     bad = tmp_path / "shard-000000.tar"
     _corrupt_copy(urls[0], bad)
     truncated = tmp_path / "shard-000001.tar"
-    truncated.write_bytes(open(urls[1], "rb").read()[:5000])
+    truncated.write_bytes(Path(urls[1]).read_bytes()[:5000])
     batches = _batches([str(bad), str(truncated)], tiny_tokenizer, 100, resampled=False)
     errors = [e for b in batches for e in b["data_errors"]]
     reasons = sorted(r.split(":")[0] for r, _ in errors)

@@ -5,8 +5,12 @@ import logging
 import numpy as np
 import torch
 
-from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, \
-    load_model_and_tokenizer
+from training.modeling import (
+    apply_finetune_mode,
+    choose_attn_implementation,
+    count_parameters,
+    load_model_and_tokenizer,
+)
 from training.processing import collate, encode_example, model_inputs
 from training.tiny import build_tiny_model
 

@@ -22,7 +22,7 @@ def test_world_size_2_torchrun(shards_dir, tmp_path):
            f"train.shards_dir={shards_dir}", f"train.out_dir={out}", "train.micro_batch_size=4",
            "train.max_steps=12", "train.save_every=6", "train.log_every=1", "train.progress=false",
            "train.data.num_workers=0", "train.data.shuffle_buffer=16", "tracking.enabled=false"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(summary.read_text())
     assert s["step"] == 12 and s["skipped_batches"] == 1  # rank 0 skipped too: the verdict was all-reduced

@@ -8,10 +8,14 @@ from training.plan import GB, Setup, main, plan, recommend
 @pytest.mark.parametrize("params", [1.3e9, 7e9, 70e9])
 @pytest.mark.parametrize("gpus,nodes", [(1, 1), (8, 1), (8, 4)])
 def test_gpu_totals_equal_deepspeed_estimators(params, gpus, nodes, capsys):
-    from deepspeed.runtime.zero.stage3 import (estimate_zero3_model_states_mem_needs,
-                                               estimate_zero3_model_states_mem_needs_all_cold)
-    from deepspeed.runtime.zero.stage_1_and_2 import (estimate_zero2_model_states_mem_needs,
-                                                      estimate_zero2_model_states_mem_needs_all_cold)
+    from deepspeed.runtime.zero.stage3 import (
+        estimate_zero3_model_states_mem_needs,
+        estimate_zero3_model_states_mem_needs_all_cold,
+    )
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+        estimate_zero2_model_states_mem_needs_all_cold,
+    )
 
     largest = 0.04 * params
     s = Setup(params=params, largest_layer=largest, gpus_per_node=gpus, nodes=nodes)

@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from training.processing import (IGNORE_INDEX, MM_VIDEO, VisionParams, answer_text, collate, encode_example,
-                                 patchify_video, seconds_per_grid)
+from training.processing import (
+    IGNORE_INDEX,
+    MM_VIDEO,
+    answer_text,
+    collate,
+    encode_example,
+    patchify_video,
+    seconds_per_grid,
+)
 from vtg.answer import format_answer, parse_answer
 
 
