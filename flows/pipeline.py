@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, runtime
+from prefect.tasks import exponential_backoff
 
 from flows import tasks, tracking
 from flows.content import StageContent, paths_digest, shard_digest, source_digest, stage_content
@@ -32,6 +33,18 @@ def _run_cached(task_fn, missing_output: str | Path, **kwargs: Any):
     """Call a content-cached task; if its declared output is gone, run it again instead of trusting the cache."""
     refresh = not Path(missing_output).exists()
     return task_fn.with_options(refresh_cache=refresh)(**kwargs) if refresh else task_fn(**kwargs)
+
+
+def _with_retries(task_fn, cfg: PipelineConfig):
+    """The task with `orchestration.task_retries`, delays backing off exponentially from `retry_delay_s`."""
+    o = cfg.orchestration
+    delays = exponential_backoff(o.retry_delay_s)(o.task_retries) if o.task_retries else 0
+    return task_fn.with_options(retries=o.task_retries, retry_delay_seconds=delays)
+
+
+def _dvc_setup(cfg: PipelineConfig) -> str:
+    o = cfg.orchestration
+    return f"{o.dvc_version}/{o.dvc_remote}/{Path('.dvc').is_dir() and Path('dvc.yaml').is_file()}"
 
 
 def _maybe_inject_failure() -> None:
@@ -66,7 +79,7 @@ def post_training(params: str = "params.yaml", experiment: str | None = None,
         tracking.finish(cfg, parent, "FAILED")
         raise
     summary["seconds"] = round(time.perf_counter() - t0, 1)
-    summary["report"] = tasks.write_report(cfg, summary)
+    summary["report"] = _with_retries(tasks.write_report, cfg)(cfg, summary)
     tracking.finish(cfg, parent)
     print_where_to_look(cfg, summary)
     return summary
@@ -86,7 +99,7 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
         tasks.preprocess, Path(cfg.preprocess.out_dir) / "manifest.json",
         content=stage_content(cfg, "preprocess", f"{records}/{src}", cfg.preprocess), **common)
     shards = shard_digest(cfg)
-    dvc = tasks.version_shards(content=StageContent("dvc", cfg.orchestration.dvc_remote, shards, ""),
+    dvc = _with_retries(tasks.version_shards, cfg)(content=StageContent("dvc", _dvc_setup(cfg), shards, ""),
                                cfg=cfg, args=args)
     summary.update(source_digest=src, shard_digest=shards, dvc=dvc)
     if parent:

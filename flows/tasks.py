@@ -106,7 +106,7 @@ def _sections_match_params(cfg: PipelineConfig, args: ConfigArgs, sections: tupl
 
 
 @task(name="dvc-version-shards", retries=2, retry_delay_seconds=exponential_backoff(5), cache_policy=CONTENT_KEY,
-      persist_result=True)
+      persist_result=True)  # retries: orchestration.task_retries (set by the flow)
 def version_shards(content: StageContent, cfg: PipelineConfig, args: ConfigArgs) -> dict:
     """`dvc commit` the data stages (dvc.lock records the shard md5) and `dvc push` them to the remote."""
     logger = get_run_logger()
