@@ -17,8 +17,19 @@ from beam_jobs import summary
 from beam_jobs.items import FILTERED
 from beam_jobs.sink import AssembleFn, WriteShards, write_text
 from beam_jobs.text_bias import plot_location_bias
-from beam_jobs.transforms import (DEAD, DIGEST, OUTCOME, SIG, WINDOW_EVENT, NearDuplicates, ProcessVideoFn,
-                                  ReadRecords, TextBias, query_dedup_items, video_dedup_items)
+from beam_jobs.transforms import (
+    DEAD,
+    DIGEST,
+    OUTCOME,
+    SIG,
+    WINDOW_EVENT,
+    NearDuplicates,
+    ProcessVideoFn,
+    ReadRecords,
+    TextBias,
+    query_dedup_items,
+    video_dedup_items,
+)
 from vtg.config.preprocess import PreprocessConfig
 
 MANIFEST, DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("manifest.json", "dead_letter.jsonl", "filtered.jsonl",

@@ -16,10 +16,9 @@ from apache_beam.pvalue import TaggedOutput
 from pydantic import ValidationError
 
 from beam_jobs import dedup
-from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, VideoSig
+from beam_jobs.items import FAILED, Outcome, VideoSig
 from beam_jobs.probe import DecodeError, decode_video, file_sha256, local_copy
-from beam_jobs.text_bias import (add_stats, blind_iou, blind_predict, fold_of, normalized_span,
-                                 token_stats)
+from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
 from beam_jobs.video import build_windows, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord

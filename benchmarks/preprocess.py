@@ -3,7 +3,9 @@
 On the same videos in one run, measures source-video seconds processed per wall second for
   1. OpenCV decode-only (every frame read, nothing else; one process),
   2. PySceneDetect `detect()` with ContentDetector alone (one process),
-  3. the whole preprocess job (`beam_jobs.preprocess.run`: decode, scenes, windows, frames, quality, dedup,
+  3. the job's per-video core alone (decode once + cuts + windows + frames + JPEGs + signature; one process,
+     no Beam: shows what the Beam runner adds),
+  4. the whole preprocess job (`beam_jobs.preprocess.run`: decode, scenes, windows, frames, quality, dedup,
      text bias, partition, shards, manifest; DirectRunner multi_processing unless options say otherwise),
 and prints the job's speed as ratios of the two baselines (targets: >= 1x detect(), >= 0.5x decode-only).
 The corpus is built (`vtg.corpus`) and ingested (`vtg.ingest`) into a temp dir unless --corpus is given.
@@ -46,6 +48,27 @@ def detect_only(paths: list[str], threshold: float) -> int:
     return cuts
 
 
+def core_only(cfg, records: list) -> int:
+    """The job's per-video core (decode once, cuts, windows, frames, JPEGs, signature) in this process, no Beam."""
+    from beam_jobs.probe import DecodeError, decode_video
+    from beam_jobs.video import build_windows, video_signature
+
+    pp, by_video, n = cfg.preprocess, {}, 0
+    for r in records:
+        by_video.setdefault(r.video_id, []).append(r)
+    for vid, recs in sorted(by_video.items()):
+        try:
+            v = decode_video(recs[0].video_path, frame_size=pp.frame_size, candidate_fps=pp.candidate_fps,
+                             detect_size=pp.scenes.detect_size, cut_threshold=pp.scenes.threshold,
+                             min_scene_len_s=pp.scenes.min_scene_len_s, engine=pp.scenes.engine)
+        except DecodeError:
+            continue
+        windows, _, _ = build_windows(vid, recs, v, pp)
+        video_signature(vid, v, len(windows), pp)
+        n += len(windows)
+    return n
+
+
 def timed(fn, *args):
     t = time.perf_counter()
     out = fn(*args)
@@ -77,24 +100,29 @@ def main() -> None:
     from vtg.ingest import ingest
 
     ingest(cfg.ingest)
-    paths = sorted({r.video_path for r in read_records(cfg.preprocess.records)})
+    records = read_records(cfg.preprocess.records)
+    paths = sorted({r.video_path for r in records})
     readable = [p for p in paths if os.path.getsize(p) > 0 and cv2.VideoCapture(p).isOpened()]
 
     video_s, t_decode = timed(decode_only, readable)
     _, t_detect = timed(detect_only, readable, cfg.preprocess.scenes.threshold)
     from beam_jobs.preprocess import run
 
+    _, t_core = timed(core_only, cfg, records)
     manifest, t_job = timed(run, cfg, beam_argv, None, False)
-    rates = {"opencv decode-only": video_s / t_decode, "pyscenedetect detect()": video_s / t_detect,
-             "preprocess job": video_s / t_job}
+    times = {"opencv decode-only": t_decode, "pyscenedetect detect()": t_detect,
+             "job core, 1 process": t_core, "preprocess job": t_job}
+    rates = {name: video_s / t for name, t in times.items()}
     print(f"{len(paths)} videos ({len(readable)} decodable), {video_s:.0f} s of source video, "
           f"{os.cpu_count()} CPUs, options {beam_argv or '(runner profile)'}")
-    for name, t in (("opencv decode-only", t_decode), ("pyscenedetect detect()", t_detect),
-                    ("preprocess job", t_job)):
+    for name, t in times.items():
         print(f"  {name:24s} {t:7.2f} s wall  {rates[name]:8.1f} video-s per wall-s")
     job = rates["preprocess job"]
     print(f"job / detect()     = {job / rates['pyscenedetect detect()']:.2f}x  (target >= 1.0)")
     print(f"job / decode-only  = {job / rates['opencv decode-only']:.2f}x  (target >= 0.5)")
+    core = rates["job core, 1 process"]
+    print(f"core / detect()    = {core / rates['pyscenedetect detect()']:.2f}x, core / decode-only = "
+          f"{core / rates['opencv decode-only']:.2f}x  (the per-video work without Beam)")
     print(f"records: {manifest['records']}")
 
 

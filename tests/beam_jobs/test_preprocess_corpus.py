@@ -108,7 +108,7 @@ def test_shards_read_back_without_leakage(corpus_run):
 @pytest.mark.slow
 def test_rerun_with_multiprocessing_is_byte_identical(corpus_run):
     """Two runs (in-process, then DirectRunner multi_processing with 2 workers) -> identical bytes."""
-    root, cfg, _ = corpus_run
+    root, _, _ = corpus_run
     cfg2 = corpus_config(root / "records.jsonl", root / "shards2")
     run(cfg2, ["--direct_num_workers=2"], show=False)
     a, b = root / "shards", root / "shards2"

@@ -92,7 +92,7 @@ def test_cli_end_to_end_on_fixture_videos(small_dataset, tmp_path, capsys):
 
 def test_cli_user_errors_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "beam_jobs.preprocess", "--params", str(REPO_PARAMS),
-                        f"preprocess.records={tmp_path / 'nope.jsonl'}"], capture_output=True, text=True)
+                        f"preprocess.records={tmp_path / 'nope.jsonl'}"], capture_output=True, text=True, check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "python -m vtg.ingest" in r.stderr
     with pytest.raises(VTGError, match="key=value"):

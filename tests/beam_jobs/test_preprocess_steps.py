@@ -117,7 +117,8 @@ def test_video_shingles_survive_a_reencode(tmp_path):
     write_video(tmp_path / "c.mp4", [(7, 40), (9, 40), (11, 40)])
     sh = {k: dedup.video_shingles(decode_video(str(tmp_path / f"{k}.mp4"), frame_size=28,
                                                candidate_fps=2.0).thumbs, 8.0, 2.0, 2) for k in "abc"}
-    assert dedup.jaccard(sh["a"], sh["b"]) >= 0.6 > 0.3 >= dedup.jaccard(sh["a"], sh["c"])
+    assert dedup.jaccard(sh["a"], sh["b"]) >= 0.6  # same content re-encoded
+    assert dedup.jaccard(sh["a"], sh["c"]) <= 0.3  # other content
 
 
 def test_blind_predictor_is_cross_fitted():
