@@ -133,3 +133,10 @@ class PreprocessConfig(Section):
     """DirectRunner worker processes (multi_processing mode)."""
     progress: bool = True
     """Show a progress bar (videos processed) on local runners."""
+
+    @model_validator(mode="after")
+    def _splits_valid(self) -> "PreprocessConfig":
+        if not self.split_fractions or any(v < 0 for v in self.split_fractions.values()) \
+                or sum(self.split_fractions.values()) <= 0:
+            raise ValueError(f"split_fractions {self.split_fractions} must be non-negative with a positive sum")
+        return self
