@@ -1,12 +1,13 @@
 """`python -m training`: train per params.yaml (+ experiment + overrides); resumes from `latest` by default.
 
 Runs as a single process, or under a launcher (one process per rank):
-    deepspeed --num_gpus 2 -m training -e tiny          # GPUs
+    deepspeed --num_gpus 2 --module training -e tiny    # GPUs
     torchrun --nproc_per_node 2 -m training             # also on CPU (gloo)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", default=None, metavar="PATH",
                         help="on rank 0, write scalar metrics (final loss, steps/s, skips, wall time) as JSON here "
                              "and the per-step losses as CSV beside it (<name>_loss.csv), e.g. for DVC")
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse_hidden())
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
     from training.loop import train
@@ -41,12 +42,6 @@ def write_summary(summary: dict, path: Path) -> None:
     first = summary["step"] - len(losses) + 1
     rows = "".join(f"{first + i},{loss!r}\n" for i, loss in enumerate(losses))
     path.with_name(f"{path.stem}_loss.csv").write_text("step,loss\n" + rows)
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS  # the deepspeed launcher passes --local_rank
 
 
 if __name__ == "__main__":
