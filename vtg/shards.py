@@ -35,7 +35,8 @@ class SampleMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     key: str
-    """`<video_id>.<window_index>` (also the tar member prefix)."""
+    """`<video_id>-<window_index:04d>` with non `[A-Za-z0-9_-]` characters of the id replaced by `_`: the tar
+    member prefix. No dots: plain `webdataset` splits member names at the first dot."""
     video_id: str
     window_index: int
     window_start_s: float
