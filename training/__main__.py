@@ -17,6 +17,7 @@ from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
+    parser.prog = "python -m training"
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and exit after optimizer step N (a later run resumes exactly)")
     parser.add_argument("--summary", default=None, metavar="PATH",
