@@ -114,7 +114,7 @@ def seconds_per_grid(timestamps: Sequence[float], temporal_patch_size: int = 2) 
 
 
 TIMESTAMP_MODES = ("text", "rope")
-DEFAULT_TIMESTAMPS = "text"
+DEFAULT_TIMESTAMPS = "rope"
 TIMESTAMPS_KEY = "vtg_timestamps"  # saved in tokenizer_config.json, so an export says how it was trained
 
 

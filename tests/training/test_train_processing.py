@@ -89,9 +89,10 @@ def test_text_timestamps_put_each_group_time_before_its_frames(tiny_tokenizer):
     assert ex["second_per_grid_ts"].tolist() == pytest.approx([3.0] * 4)
     assert int((ex["mm_token_type_ids"] == MM_VIDEO).sum()) == 16
     # The default comes from the tokenizer's export (training records its choice there).
-    tiny_tokenizer.init_kwargs["vtg_timestamps"] = "rope"
+    assert encode_example(tiny_tokenizer, frames, ts, "q", None)["video_grid_thw"].tolist() == [[4, 4, 4]]
+    tiny_tokenizer.init_kwargs["vtg_timestamps"] = "text"
     try:
-        assert encode_example(tiny_tokenizer, frames, ts, "q", None)["video_grid_thw"].tolist() == [[4, 4, 4]]
+        assert encode_example(tiny_tokenizer, frames, ts, "q", None)["video_grid_thw"].tolist() == [[1, 4, 4]] * 4
     finally:
         del tiny_tokenizer.init_kwargs["vtg_timestamps"]
 
@@ -107,7 +108,7 @@ def test_collate_pads_both_sides(tiny_tokenizer):
     assert right["input_ids"].shape == left["input_ids"].shape == (2, n)
     assert right["attention_mask"][0, len(a["input_ids"]):].sum() == 0
     assert left["attention_mask"][0, : n - len(a["input_ids"])].sum() == 0
-    assert right["video_grid_thw"].shape == (4, 3) and right["second_per_grid_ts"].shape == (4,)  # 2 groups each
+    assert right["video_grid_thw"].shape == (2, 3) and right["second_per_grid_ts"].shape == (2,)
     assert right["pixel_values_videos"].shape[0] == 2 * (2 * 4 * 4)
 
 
@@ -129,6 +130,6 @@ def test_model_forward_uses_video_positions(tiny_model_dir, tiny_tokenizer):
     assert len(t_pos) == 4 and (t_pos[1] - t_pos[0]).item() == 2  # tokens_per_second 2 x 1.0 s per grid
     out = model(**inputs)
     assert torch.isfinite(out.loss)
-    text = collate([encode_example(tok, frames, [i * 0.5 for i in range(8)], "q", "1.0 - 2.0 seconds")],
-                   tok.pad_token_id)
+    text = collate([encode_example(tok, frames, [i * 0.5 for i in range(8)], "q", "1.0 - 2.0 seconds",
+                                   timestamps_mode="text")], tok.pad_token_id)
     assert torch.isfinite(model(**{k: text[k] for k in inputs}).loss)

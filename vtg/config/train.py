@@ -39,7 +39,7 @@ class DataConfig(Section):
     """Max padded tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size); 0: off."""
     max_seq_len: int = Field(2048, ge=16)
     """Longest example in tokens; a longer one would truncate its answer and is skipped (and fails sanity checks)."""
-    timestamps: Literal["text", "rope"] = "text"
+    timestamps: Literal["text", "rope"] = "rope"
     """How frame times reach the model: `text` puts each frame group's time before it (`7.2s`); `rope` only
     through Qwen's temporal positions (`second_per_grid_ts`). Recorded in the export's tokenizer config."""
     sanity_examples: int = Field(32, ge=1)
