@@ -39,7 +39,8 @@ def update_pointer(best: dict, select: str) -> bool:
     if not ckpt.is_dir():
         log.warning("best checkpoint %s no longer exists; pointer not moved", ckpt)
         return False
-    return update_best(ckpt.parent, ckpt, select, best["summary"]["model"][select])
+    # `best` was ranked over every evaluated checkpoint with tie-breaks, so it wins even on an equal value.
+    return update_best(ckpt.parent, ckpt, select, best["summary"]["model"][select], force=True)
 
 
 def register_best(tracking: TrackingConfig, cfg: EvaluateConfig, best: dict) -> str | None:

@@ -162,17 +162,18 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 
 def update_best(root: str | Path, checkpoint: str | Path, metric: str, value: float,
-                mode: str = "max") -> bool:
+                mode: str = "max", force: bool = False) -> bool:
     """Move `best` to `checkpoint` if `value` beats the current best (`mode` max or min). Returns True if moved.
 
     Called by whoever evaluates a checkpoint (the evaluation stage or the orchestrator), not by the loop.
+    `force` moves it regardless: for a caller that already ranked every checkpoint (with tie-breaks).
     """
     root = Path(root)
     ckpt = resolve_checkpoint(checkpoint)
     read_checkpoint_meta(ckpt)
     best_file = root / "best.json"
     current = json.loads(best_file.read_text()) if best_file.is_file() else None
-    if current is not None and current.get("metric") == metric:
+    if not force and current is not None and current.get("metric") == metric:
         better = value > current["value"] if mode == "max" else value < current["value"]
         if not better:
             return False
