@@ -6,7 +6,10 @@
 2. delay from a checkpoint being saved (training's hook) to its evaluation starting (embedded evaluator).
 3. a second flow run with unchanged inputs (every step skipped by content) vs the first.
 
-    python benchmarks/orchestration.py [--real] [--steps 8] [--json out.json]
+    python benchmarks/orchestration.py [--real] [--steps 8] [--served] [--json out.json]
+
+`--served` also measures the event path: `python -m flows.serve` on a free port, `prefect deployment run`, and the
+delay from `checkpoint.saved` to the triggered evaluate-checkpoint run starting (serve polls every 2 s).
 
 By default the stages are the tiny stand-ins of tests/flows/standins (so the numbers isolate the orchestration
 cost); `--real` uses the real stages at a tiny scale (minutes). Each side runs in its own fresh directory.
@@ -91,10 +94,40 @@ def delays(d: Path) -> list[float]:
     return [r["started_at"] - r["saved_at"] for r in recs if r.get("split") == "val" and r.get("saved_at")]
 
 
+def served_delays(root: Path, ov: list[str]) -> list[float]:
+    import signal
+    import socket
+
+    d = fresh_dir(root, "served")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = env_for(d)
+    serve = subprocess.Popen([PY, "-m", "flows.serve", "--prefect-port", str(port), "--no-mlflow", *ov,
+                              "tracking.enabled=false"], cwd=d, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        cli_env = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+        prefect = str(Path(PY).with_name("prefect"))
+        for _ in range(120):  # until the deployments are served
+            r = subprocess.run([prefect, "deployment", "inspect", "evaluate-checkpoint/on-checkpoint-saved"],
+                               env=cli_env, capture_output=True, check=False)
+            if r.returncode == 0:
+                break
+            time.sleep(2)
+        time.sleep(3)
+        timed([prefect, "deployment", "run", "post-training/default", "--watch"], d, cli_env)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
+    return delays(d)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", action="store_true", help="real stages at a tiny scale instead of stand-ins")
     parser.add_argument("--steps", type=int, default=8, help="training steps (4 checkpoints)")
+    parser.add_argument("--served", action="store_true", help="also measure the served event path")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args()
     ov = overrides(args.real, args.steps)
@@ -105,17 +138,23 @@ def main() -> None:
         t_flow = flow(d, ov)
         t_again = flow(d, ov)
         lag = delays(d)
+        served = served_delays(root, ov) if args.served else []
     out = {"stages": "real" if args.real else "stand-in", "direct_s": round(t_direct, 1), "flow_s": round(t_flow, 1),
            "overhead_s": round(t_flow - t_direct, 1), "flow_vs_direct": round(t_flow / t_direct, 2),
            "flow_rerun_unchanged_s": round(t_again, 1), "rerun_vs_first": round(t_again / t_flow, 2),
            "ckpt_to_eval_start_s": {"mean": round(statistics.mean(lag), 2), "max": round(max(lag), 2),
-                                    "n": len(lag)} if lag else None}
+                                    "n": len(lag)} if lag else None,
+           "served_ckpt_to_eval_start_s": {"mean": round(statistics.mean(served), 2), "max": round(max(served), 2),
+                                           "n": len(served)} if served else None}
     print(f"stages: {out['stages']}, {args.steps} steps, {len(lag)} checkpoints")
     print(f"direct stage CLIs   : {t_direct:7.1f} s")
     print(f"post-training flow  : {t_flow:7.1f} s   ratio {out['flow_vs_direct']:.2f}x   overhead {out['overhead_s']:+.1f} s")
     print(f"flow, inputs same   : {t_again:7.1f} s   ({out['rerun_vs_first']:.2f}x of the first run; steps cached)")
     if lag:
         print(f"checkpoint saved -> evaluation start: mean {statistics.mean(lag):.2f} s, max {max(lag):.2f} s")
+    if served:
+        print(f"served (checkpoint.saved event -> triggered run): mean {statistics.mean(served):.2f} s, "
+              f"max {max(served):.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
