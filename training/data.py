@@ -45,7 +45,8 @@ _MEMBER = re.compile(r"^(?P<key>.+)\.(?P<ext>f\d{3}\.jpg|json)$")
 
 
 def member_key(name: str) -> tuple[str, str]:
-    """`vid.3.f007.jpg` -> (`vid.3`, `f007.jpg`). Sample keys contain dots, so wds's first-dot rule won't do."""
+    """`vid-0003.f007.jpg` -> (`vid-0003`, `f007.jpg`); also right for keys with dots (`vid.3.f007.jpg`, older
+    shards), where wds's first-dot rule would merge the windows of one video."""
     m = _MEMBER.match(name)
     if m:
         return m["key"], m["ext"]

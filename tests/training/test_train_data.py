@@ -35,9 +35,9 @@ def _corrupt_copy(src, dst):
     with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:
         for info in tin.getmembers():
             data = tin.extractfile(info).read()
-            if info.name == "trainvid000.0.json":
+            if info.name == "trainvid000-0000.json":
                 data = b"{not json"
-            elif info.name == "trainvid001.0.f003.jpg":
+            elif info.name == "trainvid001-0000.f003.jpg":
                 data = b"garbage"
             info.size = len(data)
             tout.addfile(info, io.BytesIO(data))
@@ -56,9 +56,9 @@ def test_corrupt_samples_are_skipped_and_counted(shards_dir, tiny_tokenizer, tmp
     assert "bad_sample" in reasons  # the broken JSON: the whole window (both queries) skipped
     assert reasons.count("bad_example") == 2  # the bad JPEG: both of its queries
     assert any("shard-000001.tar" in where for _, where in errors)  # the truncated shard's cut-off sample
-    assert not any(k.startswith(("trainvid000.0#", "trainvid001.0#")) for k in keys)
+    assert not any(k.startswith(("trainvid000-0000#", "trainvid001-0000#")) for k in keys)
     assert len(keys) >= 2 * 10  # the rest of the good shard still trains
-    assert any("trainvid000.0" in where for _, where in errors)
+    assert any("trainvid000-0000" in where for _, where in errors)
 
 
 def test_missing_shard_is_a_clear_error(shards_dir, tmp_path):

@@ -26,7 +26,7 @@ def synthetic_window(rng: np.random.Generator, key: str, split: str, num_frames:
         span = (round(ts[a] - duration / num_frames / 2, 1), round(ts[b] + duration / num_frames / 2, 1))
         queries.append(QueryMeta(text=f"the {colour} square appears", windows=[span],
                                  annotation_id=f"{key}.{colour}"))
-    video_id, idx = key.rsplit(".", 1)
+    video_id, idx = key.rsplit("-", 1)
     meta = SampleMeta(key=key, video_id=video_id, window_index=int(idx), window_start_s=0.0,
                       window_end_s=duration, frame_timestamps=ts, fps=num_frames / duration,
                       num_frames=num_frames, queries=queries, split=split, source="fixture")
@@ -38,7 +38,7 @@ def write_fixture_shards(root: str | Path, n_train: int = 24, n_val: int = 6, sh
     root = Path(root)
     rng = np.random.default_rng(seed)
     for split, n in (("train", n_train), ("val", n_val), ("test", n_val)):
-        samples = [synthetic_window(rng, f"{split}vid{i:03d}.0", split, **kw) for i in range(n)]
+        samples = [synthetic_window(rng, f"{split}vid{i:03d}-0000", split, **kw) for i in range(n)]
         per = -(-n // shards_per_split)
         for s in range(shards_per_split):
             write_shard(root / split / (SHARD_PATTERN % s), samples[s * per:(s + 1) * per])
