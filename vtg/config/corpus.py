@@ -36,6 +36,14 @@ class CorpusConfig(Section):
     """Shortest visual event (the queried object is visible/moving only during the event)."""
     max_event_s: float = Field(8.0, gt=0)
     """Longest visual event."""
+    min_texture_contrast: int = Field(25, ge=0, le=100)
+    """Smallest luma contrast between the two tones of a scene's background texture (lower: plainer scenes)."""
+    max_texture_contrast: int = Field(45, ge=1, le=101)
+    """Upper bound (exclusive) of the background texture contrast."""
+    min_object_radius: float = Field(0.09, gt=0, le=0.3)
+    """Smallest radius of an event's object, as a fraction of the frame side."""
+    max_object_radius: float = Field(0.13, gt=0, le=0.3)
+    """Largest radius of an event's object (and of distractors), as a fraction of the frame side."""
     max_events: int = Field(3, ge=1, le=6)
     """Most events (queries) per ordinary video; long videos get one more."""
     dissolve_fraction: float = Field(0.6, ge=0, le=1)
@@ -61,6 +69,10 @@ class CorpusConfig(Section):
             raise ValueError(f"long_min_duration_s {self.long_min_duration_s} > long_max_duration_s")
         if self.min_event_s > self.max_event_s:
             raise ValueError(f"min_event_s {self.min_event_s} > max_event_s {self.max_event_s}")
+        if self.min_texture_contrast >= self.max_texture_contrast:
+            raise ValueError(f"min_texture_contrast {self.min_texture_contrast} must be below max_texture_contrast")
+        if self.min_object_radius > self.max_object_radius:
+            raise ValueError(f"min_object_radius {self.min_object_radius} > max_object_radius {self.max_object_radius}")
         if self.max_event_s >= self.min_duration_s:
             raise ValueError(f"max_event_s {self.max_event_s} must be below min_duration_s {self.min_duration_s}")
         return self

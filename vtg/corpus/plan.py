@@ -67,7 +67,7 @@ def _split_points(rng: np.random.Generator, a: int, b: int, n_parts: int, min_le
     return [int(a + x) for x in np.cumsum(lengths)[:-1]]
 
 
-def _texture(rng: np.random.Generator, prev: dict | None) -> dict:
+def _texture(rng: np.random.Generator, prev: dict | None, cfg: CorpusConfig) -> dict:
     while True:
         pattern = str(rng.choice(PATTERNS))
         level = int(rng.choice([55, 85, 115, 145]))
@@ -75,13 +75,13 @@ def _texture(rng: np.random.Generator, prev: dict | None) -> dict:
             break
     tint = [int(x) for x in rng.integers(-25, 26, 3)]
     tint2 = [int(x) for x in rng.integers(-25, 26, 3)]
-    return {"pattern": pattern, "level": level, "tint": tint, "tint2": tint2, "contrast": int(rng.integers(25, 45)),
+    return {"pattern": pattern, "level": level, "tint": tint, "tint2": tint2, "contrast": int(rng.integers(cfg.min_texture_contrast, cfg.max_texture_contrast)),
             "period": int(rng.integers(8, 22))}
 
 
-def _motion(rng: np.random.Generator, action: str) -> dict:
+def _motion(rng: np.random.Generator, action: str, cfg: CorpusConfig) -> dict:
     """Normalised object trajectory: (x0, y0) -> (x1, y1) in [0, 1], radius as a fraction of the frame."""
-    r = float(rng.uniform(0.09, 0.13))
+    r = float(rng.uniform(cfg.min_object_radius, cfg.max_object_radius))
     lo, hi = r + 0.03, 1 - r - 0.03
     u, v = float(rng.uniform(lo, hi)), float(rng.uniform(lo, hi))
     start, end = {
@@ -122,7 +122,7 @@ def plan_clean_video(cfg: CorpusConfig, index: int) -> dict:
         scenes.append({"start_frame": 0, "end_frame": title, "kind": "title"})
     prev = None
     for s, e in itertools.pairwise(bounds):
-        prev = _texture(rng, prev)
+        prev = _texture(rng, prev, cfg)
         scenes.append({"start_frame": s, "end_frame": e, "kind": "texture", "texture": prev})
     if credits:
         scenes.append({"start_frame": b, "end_frame": n, "kind": "credits"})
@@ -156,7 +156,7 @@ def plan_clean_video(cfg: CorpusConfig, index: int) -> dict:
         template = PHRASINGS[action][int(rng.integers(len(PHRASINGS[action])))]
         events.append({"eid": len(events), "kind": "normal", "query": template.format(c=color, s=shape), "color": color,
                        "shape": shape, "action": action, "start_frame": span[0], "end_frame": span[1],
-                       "motion": _motion(rng, action), "end_overrun_s": 0.0})
+                       "motion": _motion(rng, action, cfg), "end_overrun_s": 0.0})
     if end_overrun and events and events[0]["end_frame"] == n:
         events[0]["end_overrun_s"] = round(float(rng.uniform(0.1, 0.4)), 3)
     distractors = []
@@ -166,7 +166,7 @@ def plan_clean_video(cfg: CorpusConfig, index: int) -> dict:
         if span is not None:
             action = str(rng.choice(ACTIONS[:4]))
             distractors.append({"color": colors[-1], "shape": str(rng.choice(SHAPES)), "action": action,
-                                "start_frame": span[0], "end_frame": span[1], "motion": _motion(rng, action)})
+                                "start_frame": span[0], "end_frame": span[1], "motion": _motion(rng, action, cfg)})
     if title:
         events.append({"eid": len(events), "kind": "text_answerable", "query": str(rng.choice(TITLE_QUERIES)),
                        "start_frame": 0, "end_frame": title})
