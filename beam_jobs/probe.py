@@ -2,8 +2,10 @@
 
 The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we
 run PySceneDetect's ContentDetector algorithm on downscaled frames (hard cuts; `scenes.ContentCuts`), keep a
-tiny colour thumbnail per frame (content change, gradual transitions, perceptual hashes), and keep frame_size candidates at `candidate_fps` with their native-resolution
-quality scores. Memory per video is bounded by duration x candidate_fps x frame_size^2.
+tiny colour thumbnail per frame (content change, gradual transitions, perceptual hashes, brightness), keep
+frame_size candidates at `candidate_fps`, and score a subset of them (`quality_fps`) for blur. Per frame the
+loop does only a decode and a thumbnail resize (plus a resize per candidate); cut scores are computed for all
+thumbnails at once after the loop. Memory per video is bounded by duration x candidate_fps x frame_size^2.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Protocol
 import cv2
 import numpy as np
 
+from beam_jobs.quality import edge_width
 from beam_jobs.scenes import ContentCuts
 
 THUMB = 16  # side of the colour thumbnail kept for every decoded frame
@@ -88,10 +91,12 @@ class DecodedVideo:
     """Frame indices of the kept candidates."""
     cand_frames: list[np.ndarray] = field(repr=False)
     """BGR frame_size x frame_size candidates (converted to RGB only when picked)."""
-    sharpness: np.ndarray = field(repr=False)
-    """Variance of the Laplacian (native resolution grey) per candidate."""
     brightness: np.ndarray = field(repr=False)
-    """Mean luma per candidate."""
+    """Mean luma per candidate (of its thumbnail)."""
+    qual_idx: np.ndarray = field(repr=False)
+    """Frame indices of the candidates scored for blur (a subset of `cand_idx`, at `quality_fps`)."""
+    edge_widths: np.ndarray = field(repr=False)
+    """`quality.edge_width` per scored frame (NaN: no edge in that frame)."""
 
     @property
     def duration_s(self) -> float:
@@ -135,6 +140,8 @@ def decode_video(
     expected_duration_s: float | None = None,
     reader: str = "opencv",
     engine: str = "batched",
+    quality_fps: float = 1.0,
+    blur_size: int = 56,
 ) -> DecodedVideo:
     """Decode the local file `path` once. Raises DecodeError for zero-byte, non-video, unreadable or truncated
     files (use `local_copy` first for remote paths)."""
@@ -149,7 +156,7 @@ def decode_video(
             raise DecodeError(f"no usable video stream (fps={fps}, size={w}x{h})")
         cutter = ContentCuts(fps, cut_threshold, max(1, round(min_scene_len_s * fps)), engine)
         video = _scan(rd.frames(), fps, w, h, frame_size=frame_size, candidate_fps=candidate_fps,
-                      detect_size=detect_size, cutter=cutter)
+                      detect_size=detect_size, cutter=cutter, quality_fps=quality_fps, blur_size=blur_size)
     finally:
         rd.close()
     _check_complete(video.n_frames, fps, declared, expected_duration_s)
@@ -157,38 +164,48 @@ def decode_video(
 
 
 def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_size: int, candidate_fps: float,
-          detect_size: int, cutter: ContentCuts) -> DecodedVideo:
+          detect_size: int, cutter: ContentCuts, quality_fps: float, blur_size: int) -> DecodedVideo:
     """The single pass over the frames (OpenCV primitives only: this loop is the job's hot path)."""
     factor = max(1, math.ceil(max(w, h) / detect_size))  # integer factors take OpenCV's fast INTER_AREA path
     dsize = (max(1, w // factor), max(1, h // factor))
+    on_thumbs = detect_size <= THUMB and cutter.engine == "batched"  # cut scores for all thumbnails after the loop
     step = max(1.0, fps / candidate_fps)
-    thumbs, cand_idx, cands, sharp, bright = [], [], [], [], []
-    next_cand, n = 0.0, 0
+    qstep = max(step, fps / quality_fps)
+    thumbs, cand_idx, cands, qual_idx, widths = [], [], [], [], []
+    next_cand = next_qual = 0.0
+    n = 0
     for i, frame in enumerate(frames):
         # Thumbnails come straight from the frame so that every resolution of the same content matches.
         thumb = cv2.resize(frame, (THUMB, THUMB), interpolation=cv2.INTER_AREA)
         thumbs.append(thumb)
-        if detect_size <= THUMB:
-            cutter.push(i, thumb)
-        else:
-            cutter.push(i, cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame)
+        if not on_thumbs:
+            small = thumb if detect_size <= THUMB else \
+                cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame
+            cutter.push(i, small)
         n = i + 1
         if i >= next_cand - 1e-9:
             next_cand += step
-            grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
-            _, std = cv2.meanStdDev(cv2.Laplacian(grey, cv2.CV_16S))  # exact: |3x3 Laplacian of uint8| < 2^15
-            sharp.append(float(std[0, 0]) ** 2)
-            bright.append(cv2.mean(grey)[0])
-            cands.append(cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA))
+            cand = cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
+            cands.append(cand)
             cand_idx.append(i)
+            if i >= next_qual - 1e-9:
+                next_qual += qstep
+                scored = cand if blur_size == frame_size else \
+                    cv2.resize(frame, (blur_size, blur_size), interpolation=cv2.INTER_AREA)
+                widths.append(edge_width(scored))
+                qual_idx.append(i)
     if n == 0:
         raise DecodeError("no frame could be decoded")
     th = np.stack(thumbs)
+    if on_thumbs:
+        cutter.push_all(th)
     change = np.zeros(n, np.float32)
     change[1:] = np.abs(th[1:].astype(np.int16) - th[:-1].astype(np.int16)).mean(axis=(1, 2, 3))
+    grey = cv2.cvtColor(th[cand_idx].reshape(-1, THUMB, 3), cv2.COLOR_BGR2GRAY).reshape(len(cand_idx), -1)
     return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, thumbs=th, change=change,
                         hard_cuts=[c for c in cutter.finish() if 0 < c < n], cand_idx=np.asarray(cand_idx),
-                        cand_frames=cands, sharpness=np.asarray(sharp), brightness=np.asarray(bright))
+                        cand_frames=cands, brightness=grey.mean(axis=1), qual_idx=np.asarray(qual_idx),
+                        edge_widths=np.asarray(widths, float))
 
 
 def _check_complete(n: int, fps: float, declared: int, expected_duration_s: float | None) -> None:

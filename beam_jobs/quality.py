@@ -1,20 +1,68 @@
-"""Quality scores of a window and the drop decision (thresholds from `preprocess.quality`)."""
+"""Quality scores of a window and the drop decision (thresholds from `preprocess.quality`).
+
+Blur is measured as the width of a frame's steepest edges (`edge_width`), not as the variance of the
+Laplacian: the Laplacian's variance scales with contrast, so a plain, low-contrast but perfectly sharp scene
+scored as low as a Gaussian-blurred one (on the plain-background corpus clean windows went down to 1.2 while
+blurred ones reached 6.1). An edge's width (local intensity range / slope at its steepest point) does not depend
+on its contrast: a step edge is 2 px wide whatever its height, while a Gaussian blur of sigma s spreads it over
+~2.5 s px (up to the neighbourhood's side). Measured on both synthetic corpora at 56 px: clean windows <= 2.3,
+re-encoded near-duplicates <= 3.0, blurred defects (sigma 6 at 112 px) >= 4.1.
+"""
 
 from __future__ import annotations
 
+import math
+
+import cv2
 import numpy as np
 
 from vtg.config.preprocess import QualityConfig
 
+EDGE_RADIUS = 4
+"""Half-side of the square over which an edge's intensity range is measured (px at the analysis size)."""
+EDGE_MIN_CONTRAST = 48
+"""Pixels whose neighbourhood spans less than this (sum over B, G, R of max - min) are not edges: below it,
+quantisation steps and chroma compression noise look like 1-px 'edges' even in a blurred frame."""
+EDGE_TOP_FRACTION = 0.01
+"""Share of the frame's pixels (the steepest edge pixels) whose widths are pooled (median)."""
 
-def window_quality(sharpness: np.ndarray, brightness: np.ndarray, width: int, height: int) -> dict[str, float]:
-    """Scores stored in the sample metadata: resolution (shorter side), sharpness and median brightness (mean
-    luma) over the window's candidate frames. Sharpness is the 90th percentile of the per-frame variance of
-    the Laplacian (native resolution): smooth content has sharp moments (objects, edges) that blur removes
-    from every frame, so a high percentile separates blur from flat scenes where a median does not."""
+_KERNEL = cv2.getStructuringElement(cv2.MORPH_RECT, (2 * EDGE_RADIUS + 1, 2 * EDGE_RADIUS + 1))
+
+
+def edge_width(frame: np.ndarray) -> float:
+    """Median width in pixels of the steepest edges of a BGR (or grey) uint8 frame, NaN if it has no edge.
+
+    Per pixel: slope = (|Sobel x| + |Sobel y|) / 8 summed over the colour channels (a ramp of s levels per pixel
+    gives s per channel), range = max - min over the (2 EDGE_RADIUS + 1)^2 neighbourhood summed over the
+    channels. Among pixels with range >= EDGE_MIN_CONTRAST, the EDGE_TOP_FRACTION steepest give range / slope,
+    the number of pixels the edge needs to cross its local range. Colour (not luma) so that an object on an
+    equally bright background still has edges. Resolution matters (widths are in pixels), so callers score
+    frames resized to one analysis size (`quality.blur_size`)."""
+    f = frame if frame.ndim == 3 else frame[:, :, None]
+    shape = f.shape
+    gx = np.abs(cv2.Sobel(f, cv2.CV_16S, 1, 0).reshape(shape)).astype(np.int32)
+    gy = np.abs(cv2.Sobel(f, cv2.CV_16S, 0, 1).reshape(shape))
+    slope = (gx + gy).sum(axis=2).ravel()  # 8 x slope (Sobel's gain)
+    spread = cv2.subtract(cv2.dilate(f, _KERNEL), cv2.erode(f, _KERNEL)).reshape(shape)
+    rng = spread.sum(axis=2, dtype=np.int32).ravel()
+    edges = np.flatnonzero(rng >= EDGE_MIN_CONTRAST)
+    if len(edges) == 0:
+        return math.nan
+    k = max(1, min(len(edges), round(EDGE_TOP_FRACTION * rng.size)))
+    top = edges[np.argpartition(slope[edges], len(edges) - k)[len(edges) - k:]]
+    return float(np.median(8.0 * rng[top] / np.maximum(slope[top], 1)))
+
+
+def window_quality(edge_widths: np.ndarray, brightness: np.ndarray, width: int, height: int) -> dict[str, float]:
+    """Scores stored in the sample metadata: resolution (shorter side), edge width and median brightness (mean
+    luma of the candidate frames). Edge width is the 10th percentile over the window's scored frames that have
+    edges (a sharp window needs only some sharp frames: objects come and go over plain backgrounds; blur widens
+    the edges of every frame); 0.0 when no frame has an edge (a flat window cannot be judged blurry)."""
+    w = np.asarray(edge_widths, float)
+    w = w[np.isfinite(w)]
     return {
         "resolution": float(min(width, height)),
-        "sharpness": round(float(np.percentile(sharpness, 90)), 3),
+        "edge_width": round(float(np.percentile(w, 10)), 3) if len(w) else 0.0,
         "brightness": round(float(np.median(brightness)), 3),
     }
 
@@ -27,6 +75,6 @@ def quality_drop_reason(scores: dict[str, float], cfg: QualityConfig) -> str | N
         return "too_dark"
     if scores["brightness"] > cfg.max_brightness:
         return "washed_out"
-    if scores["sharpness"] < cfg.min_sharpness:
+    if scores["edge_width"] > cfg.max_edge_width:
         return "blurry"
     return None

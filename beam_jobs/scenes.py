@@ -50,6 +50,25 @@ class ContentCuts:
             self._last = FrameTimecode(i, self.fps)
             self.cuts.extend(c.frame_num for c in self._filter.filter(self._last, above))
 
+    def push_all(self, bgr_small: np.ndarray) -> None:
+        """`push` for every frame at once ((n, h, w, 3) BGR; batched engine): the HSV conversion and the mean
+        absolute change run as whole-array operations, bit-identical to frame by frame; only frames that can change
+        the filter's state go through it."""
+        assert self._det is None and self._prev is None, "push_all runs the batched engine on a fresh detector"
+        from scenedetect import FrameTimecode
+
+        n, h, w = bgr_small.shape[:3]
+        hsv = cv2.cvtColor(bgr_small.reshape(n * h, w, 3), cv2.COLOR_BGR2HSV).reshape(n, h * w, 3)
+        means = np.abs(hsv[1:].astype(np.int16) - hsv[:-1]).mean(axis=1)  # exact: integer sums / h*w
+        score = np.zeros(n)
+        score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
+        above = score >= self.threshold
+        for i in range(n):
+            if i == 0 or above[i] or self._filter._merge_triggered:
+                self._last = FrameTimecode(i, self.fps)
+                self.cuts.extend(c.frame_num for c in self._filter.filter(self._last, bool(above[i])))
+        self._prev = hsv[-1].reshape(h, w, 3) if n else None
+
     def finish(self) -> list[int]:
         if self._det is not None and self._last is not None:
             self.cuts.extend(c.frame_num for c in self._det.post_process(self._last))

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from beam_jobs import dedup
 from beam_jobs.items import FAILED, Outcome, VideoSig
-from beam_jobs.probe import DecodeError, decode_video, file_sha256, local_copy
+from beam_jobs.probe import DecodeError, file_sha256, local_copy
 from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
-from beam_jobs.video import build_windows, video_signature
+from beam_jobs.video import build_windows, decode, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord
 
@@ -117,12 +117,7 @@ class ProcessVideoFn(beam.DoFn):
             with local_copy(path) as local:
                 digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
                 yield TaggedOutput(DIGEST, (path, digest))
-                video = decode_video(local, frame_size=self.cfg.frame_size, candidate_fps=self.cfg.candidate_fps,
-                                     detect_size=self.cfg.scenes.detect_size,
-                                     cut_threshold=self.cfg.scenes.threshold,
-                                     min_scene_len_s=self.cfg.scenes.min_scene_len_s,
-                                     expected_duration_s=max(r.duration_s for r in records),
-                                     reader=self.cfg.reader, engine=self.cfg.scenes.engine)
+                video = decode(local, self.cfg, expected_duration_s=max(r.duration_s for r in records))
         except (DecodeError, OSError, ValueError, cv2.error) as e:
             self.failed.inc()
             yield from self._fail(records, f"{type(e).__name__}: {e}" if not isinstance(e, DecodeError) else str(e))

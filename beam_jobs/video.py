@@ -10,13 +10,22 @@ import numpy as np
 from beam_jobs import frames as fr
 from beam_jobs.dedup import video_shingles
 from beam_jobs.items import FILTERED, Outcome, QueryItem, VideoSig, WindowItem
-from beam_jobs.probe import DecodedVideo
+from beam_jobs.probe import DecodedVideo, decode_video
 from beam_jobs.quality import quality_drop_reason, window_quality
 from beam_jobs.scenes import assign_window, gradual_transitions, plan_windows, rebase, scene_boundaries
 from beam_jobs.text_bias import normalized_span
 from vtg.config.preprocess import PreprocessConfig
 from vtg.records import CanonicalRecord
 from vtg.shards import encode_jpeg
+
+
+def decode(path: str, cfg: PreprocessConfig, expected_duration_s: float | None = None) -> DecodedVideo:
+    """`probe.decode_video` with the job's settings (raises DecodeError)."""
+    return decode_video(path, frame_size=cfg.frame_size, candidate_fps=cfg.candidate_fps,
+                        detect_size=cfg.scenes.detect_size, cut_threshold=cfg.scenes.threshold,
+                        min_scene_len_s=cfg.scenes.min_scene_len_s, expected_duration_s=expected_duration_s,
+                        reader=cfg.reader, engine=cfg.scenes.engine, quality_fps=cfg.quality.sample_fps,
+                        blur_size=cfg.quality.blur_size)
 
 
 def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
@@ -57,7 +66,8 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
     source = records[0].source if records else ""
     for k, (ws, we) in enumerate(spans):
         pool = fr.window_candidates(cand_t, ws, we)
-        scores = window_quality(video.sharpness[pool], video.brightness[pool], video.width, video.height)
+        scored = fr.window_candidates(video.qual_idx / video.fps, ws, we)
+        scores = window_quality(video.edge_widths[scored], video.brightness[pool], video.width, video.height)
         reason = quality_drop_reason(scores, cfg.quality)
         if reason is not None:
             window_drops.append(reason)
@@ -81,6 +91,7 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
 def video_signature(video_id: str, video: DecodedVideo, n_usable: int, cfg: PreprocessConfig) -> VideoSig:
     d = cfg.dedup
     shingles = video_shingles(video.thumbs, video.fps, d.hash_fps, d.lag, d.projections, d.bucket_width, d.seed)
+    widths = video.edge_widths[np.isfinite(video.edge_widths)]
     rank = (-n_usable, -round(video.duration_s, 3), -min(video.width, video.height),
-            -round(float(np.median(video.sharpness)), 3))
+            round(float(np.median(widths)), 3) if len(widths) else 0.0)
     return VideoSig(video_id, shingles, rank)

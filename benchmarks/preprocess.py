@@ -50,17 +50,15 @@ def detect_only(paths: list[str], threshold: float) -> int:
 
 def core_only(cfg, records: list) -> int:
     """The job's per-video core (decode once, cuts, windows, frames, JPEGs, signature) in this process, no Beam."""
-    from beam_jobs.probe import DecodeError, decode_video
-    from beam_jobs.video import build_windows, video_signature
+    from beam_jobs.probe import DecodeError
+    from beam_jobs.video import build_windows, decode, video_signature
 
     pp, by_video, n = cfg.preprocess, {}, 0
     for r in records:
         by_video.setdefault(r.video_id, []).append(r)
     for vid, recs in sorted(by_video.items()):
         try:
-            v = decode_video(recs[0].video_path, frame_size=pp.frame_size, candidate_fps=pp.candidate_fps,
-                             detect_size=pp.scenes.detect_size, cut_threshold=pp.scenes.threshold,
-                             min_scene_len_s=pp.scenes.min_scene_len_s, engine=pp.scenes.engine)
+            v = decode(recs[0].video_path, pp)
         except DecodeError:
             continue
         windows, _, _ = build_windows(vid, recs, v, pp)

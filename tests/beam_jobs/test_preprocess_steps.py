@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cv2
 import numpy as np
 import pytest
 from conftest import write_video
@@ -63,15 +64,33 @@ def test_uniform_and_adaptive_frames_share_the_budget():
     assert list(frames.candidate_change(np.arange(10.0), np.array([0, 4, 8]))) == [0.0, 4.0, 8.0]
 
 
+def _step_frame(contrast: int, size: int = 56) -> np.ndarray:
+    img = np.full((size, size, 3), 100, np.uint8)
+    img[:, size // 2:] += np.uint8(contrast)  # a vertical step edge, `contrast` levels in every channel
+    cv2.circle(img, (size // 4, size // 4), size // 8, (100 + contrast, 100, 100 - contrast), -1)
+    return img
+
+
+def test_edge_width_is_contrast_free_and_widens_with_blur():
+    faint, strong = quality.edge_width(_step_frame(20)), quality.edge_width(_step_frame(120))
+    assert faint == strong <= 2.0  # plain but sharp: a step crosses its range in 2 px at any contrast
+    blurred = [quality.edge_width(cv2.GaussianBlur(_step_frame(c), (0, 0), 3.0)) for c in (20, 120)]
+    assert all(b > QualityConfig().max_edge_width for b in blurred), blurred
+    assert np.isnan(quality.edge_width(np.full((56, 56, 3), 90, np.uint8)))  # flat: no edge to judge
+    assert np.isnan(quality.edge_width(_step_frame(10)))  # 3 x 10 levels < EDGE_MIN_CONTRAST: noise, not an edge
+    assert 1.0 <= quality.edge_width(_step_frame(60)[:, :, 0]) <= 2.0  # grey frames too
+
+
 def test_quality_reasons():
     cfg = QualityConfig()
-    scores = quality.window_quality(np.array([50.0, 200.0]), np.array([120.0, 130.0]), 112, 112)
-    assert scores == {"resolution": 112.0, "sharpness": 185.0, "brightness": 125.0}
+    scores = quality.window_quality(np.array([2.0, np.nan, 3.0, 2.5]), np.array([120.0, 130.0]), 112, 112)
+    assert scores == {"resolution": 112.0, "edge_width": 2.1, "brightness": 125.0}  # p10 of the frames with edges
+    assert quality.window_quality(np.array([np.nan]), np.array([50.0]), 64, 80)["edge_width"] == 0.0
     assert quality.quality_drop_reason(scores, cfg) is None
     assert quality.quality_drop_reason({**scores, "resolution": 24.0}, cfg) == "low_resolution"
-    assert quality.quality_drop_reason({**scores, "brightness": 10.0, "sharpness": 1.0}, cfg) == "too_dark"
+    assert quality.quality_drop_reason({**scores, "brightness": 10.0, "edge_width": 9.0}, cfg) == "too_dark"
     assert quality.quality_drop_reason({**scores, "brightness": 250.0}, cfg) == "washed_out"
-    assert quality.quality_drop_reason({**scores, "sharpness": 2.0}, cfg) == "blurry"
+    assert quality.quality_drop_reason({**scores, "edge_width": 5.0}, cfg) == "blurry"
 
 
 def test_band_keys_reproduce_minhashlsh_candidates():
@@ -165,7 +184,8 @@ def test_keys_and_verdicts():
 
 def test_batched_cuts_equal_pyscenedetect_contentdetector(tmp_path):
     write_video(tmp_path / "v.mp4", [(1, 20), (2, 6), (3, 30), (4, 24)], dissolve=6)
-    for min_len in (0.1, 0.5, 2.0):
+    for min_len, size in ((0.1, 16), (0.5, 16), (2.0, 16), (0.5, 64)):  # 16: all thumbnails at once after decode
         got = [decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=2.0, cut_threshold=15.0,
-                            min_scene_len_s=min_len, engine=e).hard_cuts for e in ("batched", "pyscenedetect")]
-        assert got[0] == got[1] and got[0]
+                            min_scene_len_s=min_len, detect_size=size, engine=e).hard_cuts
+               for e in ("batched", "pyscenedetect")]
+        assert got[0] == got[1] and got[0], (min_len, size, got)

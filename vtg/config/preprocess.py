@@ -38,8 +38,17 @@ class ScenesConfig(Section):
 class QualityConfig(Section):
     min_resolution: int = Field(64, ge=1)
     """Videos whose shorter side is below this many pixels are dropped (`low_resolution`)."""
-    min_sharpness: float = Field(15.0, ge=0)
-    """90th percentile over frames of the variance of the Laplacian (native resolution) below this -> `blurry`."""
+    max_edge_width: float = Field(3.5, gt=0)
+    """Windows whose edges are wider than this many pixels (at `blur_size`) are dropped as `blurry`. The score is
+    the 10th percentile over the window's scored frames of the median width (local range / slope) of each frame's
+    steepest edges; it does not depend on contrast, so plain, low-contrast scenes stay sharp. Measured at 56 px:
+    clean <= 2.3, re-encoded near-duplicates <= 3.0, Gaussian-blurred (sigma 6 at 112 px) >= 4.1."""
+    blur_size: int = Field(56, ge=16)
+    """Frames are scored for blur resized to blur_size x blur_size (like the stored frames; the candidate frame is
+    reused when it equals `frame_size`), so the edge-width threshold does not depend on the source resolution."""
+    sample_fps: float = Field(1.0, gt=0)
+    """Candidate frames per second of source time scored for blur (at most `candidate_fps`; brightness uses every
+    candidate). Blur affects every frame, so a few per second suffice; this keeps scoring off the hot path."""
     min_brightness: float = Field(25.0, ge=0, le=255)
     """Median mean luma below this -> dropped as `too_dark`."""
     max_brightness: float = Field(235.0, ge=0, le=255)
