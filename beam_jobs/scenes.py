@@ -58,8 +58,10 @@ class ContentCuts:
         from scenedetect import FrameTimecode
 
         n, h, w = bgr_small.shape[:3]
-        hsv = cv2.cvtColor(bgr_small.reshape(n * h, w, 3), cv2.COLOR_BGR2HSV).reshape(n, h * w, 3)
-        means = np.abs(hsv[1:].astype(np.int16) - hsv[:-1]).mean(axis=1)  # exact: integer sums / h*w
+        hsv = cv2.cvtColor(bgr_small.reshape(n * h, w, 3), cv2.COLOR_BGR2HSV).reshape(n, h * w * 3)
+        diff = cv2.absdiff(hsv[1:], hsv[:-1]).astype(np.float32)
+        per_channel = np.kron(np.ones((h * w, 1), np.float32), np.eye(3, dtype=np.float32))
+        means = (diff @ per_channel).astype(np.float64) / (h * w)  # exact: integer sums < 2^24, then / h*w
         score = np.zeros(n)
         score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
         above = score >= self.threshold
@@ -67,7 +69,7 @@ class ContentCuts:
             if i == 0 or above[i] or self._filter._merge_triggered:
                 self._last = FrameTimecode(i, self.fps)
                 self.cuts.extend(c.frame_num for c in self._filter.filter(self._last, bool(above[i])))
-        self._prev = hsv[-1].reshape(h, w, 3) if n else None
+        self._prev = hsv[-1].reshape(h, w, 3)
 
     def finish(self) -> list[int]:
         if self._det is not None and self._last is not None:

@@ -168,7 +168,7 @@ class _VerifyBucket(beam.DoFn):
         for a, b in dedup.candidate_pairs(list(by_id.items())):
             self.pairs.inc()
             ma, mb = by_id[a], by_id[b]
-            if dedup.jaccard(ma[1], mb[1]) < self.threshold:
+            if dedup.jaccard(dedup.unpack(ma[1]), dedup.unpack(mb[1])) < self.threshold:
                 continue
             if self.span_iou is not None:
                 from beam_jobs.text_bias import SCALE, iou
@@ -205,7 +205,7 @@ class NearDuplicates(beam.PTransform):
                 | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
                 | "MinHash" >> beam.FlatMap(_with_signatures, c.num_perm, c.seed)
                 | "BandKeys" >> beam.FlatMap(
-                    lambda it: [((it[3], *k), (it[0], it[1], it[2], it[4])) for k in
+                    lambda it: [((it[3], *k), (it[0], dedup.pack(it[1]), it[2], it[4])) for k in
                                 dedup.band_keys(it[5], c.bands)])
                 | "GroupBands" >> beam.GroupByKey()
                 | "Verify" >> beam.ParDo(_VerifyBucket(self.threshold, self.span_iou))
