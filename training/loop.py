@@ -35,7 +35,7 @@ from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import memory_metrics
 from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
-from training.processing import TIMESTAMPS_KEY, VisionParams, model_inputs
+from training.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
@@ -100,6 +100,7 @@ def build_model(tcfg, device: torch.device):
         raise VTGError(f"train.model.base={tcfg.model.base!r}: cannot load ({str(e).splitlines()[0]})") from None
     model.config.use_cache = False
     tokenizer.init_kwargs[TIMESTAMPS_KEY] = tcfg.data.timestamps  # encode_example and every export follow it
+    tokenizer.init_kwargs[QUERY_POSITION_KEY] = tcfg.data.query_position
     if tcfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()

@@ -144,8 +144,21 @@ def _video_block(tokenizer, video_token: str, grid: torch.Tensor, timestamps: Se
     return text, torch.tensor([[1, gh, gw]] * gt), gt
 
 
-def build_messages(query: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": query}]}]
+QUERY_POSITIONS = ("before", "after")
+QUERY_POSITION_KEY = "vtg_query_position"  # saved in tokenizer_config.json like TIMESTAMPS_KEY
+
+
+def query_position(tokenizer, requested: str | None = None) -> str:
+    """`before`/`after` the video; exports without the key were trained with Qwen's order (`after`)."""
+    pos = requested or getattr(tokenizer, "init_kwargs", {}).get(QUERY_POSITION_KEY) or "after"
+    if pos not in QUERY_POSITIONS:
+        raise ValueError(f"query position must be one of {QUERY_POSITIONS}, got {pos!r}")
+    return pos
+
+
+def build_messages(query: str, position: str = "after") -> list[dict]:
+    video, text = {"type": "video"}, {"type": "text", "text": query}
+    return [{"role": "user", "content": [text, video] if position == "before" else [video, text]}]
 
 
 def encode_example(
@@ -172,7 +185,8 @@ def encode_example(
     pixels, grid = patchify_video(frames, vision)
     n_video_tokens = int(grid.prod()) // (vision.merge_size ** 2)
     video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-    prompt = tokenizer.apply_chat_template(build_messages(query), tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(build_messages(query, query_position(tokenizer)), tokenize=False,
+                                           add_generation_prompt=True)
     start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
     end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
     placeholder = f"{start}{video_token}{end}"

@@ -97,6 +97,28 @@ def test_text_timestamps_put_each_group_time_before_its_frames(tiny_tokenizer):
         del tiny_tokenizer.init_kwargs["vtg_timestamps"]
 
 
+def test_query_position_follows_the_export_and_keeps_the_video_tokens(tiny_tokenizer):
+    frames = np.zeros((8, 56, 56, 3), np.uint8)
+    ts = [0.5 * i for i in range(8)]
+
+    def layout():
+        ex = encode_example(tiny_tokenizer, frames, ts, "the red square appears", "1.0 - 2.0 seconds")
+        text = tiny_tokenizer.decode(ex["input_ids"])
+        assert int((ex["mm_token_type_ids"] == MM_VIDEO).sum()) == 16
+        assert text.rstrip().endswith("1.0 - 2.0 seconds<|im_end|>")
+        return text.index("the red square appears") < text.index("<|vision_start|>")
+
+    assert layout() is False  # exports without the key were trained with Qwen's order: video, then query
+    tiny_tokenizer.init_kwargs["vtg_query_position"] = "before"
+    try:
+        assert layout() is True
+        tiny_tokenizer.init_kwargs["vtg_query_position"] = "middle"
+        with pytest.raises(ValueError, match="query position"):
+            layout()
+    finally:
+        del tiny_tokenizer.init_kwargs["vtg_query_position"]
+
+
 def test_collate_pads_both_sides(tiny_tokenizer):
     frames = np.zeros((4, 56, 56, 3), np.uint8)
     a = encode_example(tiny_tokenizer, frames, [0, 1, 2, 3], "short", "1.0 - 2.0 seconds")

@@ -46,6 +46,8 @@ class CorpusConfig(Section):
     """Largest radius of an event's object (and of distractors), as a fraction of the frame side."""
     max_events: int = Field(3, ge=1, le=6)
     """Most events (queries) per ordinary video; long videos get one more."""
+    distractor_fraction: float = Field(0.75, ge=0, le=1)
+    """Fraction of clean videos with a moving distractor object (a colour no query names) besides the events."""
     dissolve_fraction: float = Field(0.6, ge=0, le=1)
     """Fraction of videos with at least one ~1 s dissolve (gradual transition) besides their hard cuts."""
     text_answerable_fraction: float = Field(0.08, ge=0, le=0.5)

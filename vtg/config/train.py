@@ -42,6 +42,9 @@ class DataConfig(Section):
     timestamps: Literal["text", "rope"] = "rope"
     """How frame times reach the model: `text` puts each frame group's time before it (`7.2s`); `rope` only
     through Qwen's temporal positions (`second_per_grid_ts`). Recorded in the export's tokenizer config."""
+    query_position: Literal["before", "after"] = "after"
+    """Where the query text goes in the user turn: `after` the video (Qwen's usual order) or `before` it, so the
+    video tokens can attend to the query (causal attention). Recorded in the export's tokenizer config."""
     sanity_examples: int = Field(32, ge=1)
     """Examples checked before step 1 (answer mask, labels, lengths)."""
 

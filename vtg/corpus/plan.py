@@ -160,7 +160,7 @@ def plan_clean_video(cfg: CorpusConfig, index: int) -> dict:
     if end_overrun and events and events[0]["end_frame"] == n:
         events[0]["end_overrun_s"] = round(float(rng.uniform(0.1, 0.4)), 3)
     distractors = []
-    if rng.random() < 0.75:
+    if rng.random() < cfg.distractor_fraction:
         length = int(rng.integers(ev_lo, ev_hi + 1))
         span = _place(rng, length, [(a, b)], [])
         if span is not None:
