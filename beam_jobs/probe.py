@@ -94,6 +94,9 @@ class DecodedVideo:
     """BGR frame_size x frame_size candidates (converted to RGB only when picked)."""
     brightness: np.ndarray = field(repr=False)
     """Mean luma per candidate (of its thumbnail)."""
+    highlight: np.ndarray = field(repr=False)
+    """Brightest luma per candidate (of the frame_size candidate): bright text on a dark title card is not a dark
+    video."""
     qual_idx: np.ndarray = field(repr=False)
     """Frame indices of the candidates scored for blur (a subset of `cand_idx`, at `quality_fps`)."""
     edge_widths: np.ndarray = field(repr=False)
@@ -203,9 +206,11 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     change = np.zeros(n, np.float32)
     change[1:] = np.abs(th[1:].astype(np.int16) - th[:-1].astype(np.int16)).mean(axis=(1, 2, 3))
     grey = cv2.cvtColor(th[cand_idx].reshape(-1, THUMB, 3), cv2.COLOR_BGR2GRAY).reshape(len(cand_idx), -1)
+    cand_grey = cv2.cvtColor(np.concatenate(cands), cv2.COLOR_BGR2GRAY).reshape(len(cands), -1)
     return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, thumbs=th, change=change,
                         hard_cuts=[c for c in cutter.finish() if 0 < c < n], cand_idx=np.asarray(cand_idx),
-                        cand_frames=cands, brightness=grey.mean(axis=1), qual_idx=np.asarray(qual_idx),
+                        cand_frames=cands, brightness=grey.mean(axis=1),
+                        highlight=cand_grey.max(axis=1).astype(float), qual_idx=np.asarray(qual_idx),
                         edge_widths=np.asarray(widths, float))
 
 

@@ -55,9 +55,10 @@ def edge_width(frame: np.ndarray) -> float:
     return float((w[(len(w) - 1) // 2] + w[len(w) // 2]) / 2)  # the median (np.median costs more than the rest)
 
 
-def window_quality(edge_widths: np.ndarray, brightness: np.ndarray, width: int, height: int) -> dict[str, float]:
-    """Scores stored in the sample metadata: resolution (shorter side), edge width and median brightness (mean
-    luma of the candidate frames). Edge width is the 10th percentile over the window's scored frames that have
+def window_quality(edge_widths: np.ndarray, brightness: np.ndarray, highlight: np.ndarray, width: int,
+                   height: int) -> dict[str, float]:
+    """Scores stored in the sample metadata: resolution (shorter side), edge width, median brightness (mean
+    luma of the candidate frames) and median highlight (brightest luma of each candidate). Edge width is the 10th percentile over the window's scored frames that have
     edges (a sharp window needs only some sharp frames: objects come and go over plain backgrounds; blur widens
     the edges of every frame); 0.0 when no frame has an edge (a flat window cannot be judged blurry)."""
     w = np.asarray(edge_widths, float)
@@ -66,14 +67,17 @@ def window_quality(edge_widths: np.ndarray, brightness: np.ndarray, width: int, 
         "resolution": float(min(width, height)),
         "edge_width": round(float(np.percentile(w, 10)), 3) if len(w) else 0.0,
         "brightness": round(float(np.median(brightness)), 3),
+        "highlight": round(float(np.median(highlight)), 3),
     }
 
 
 def quality_drop_reason(scores: dict[str, float], cfg: QualityConfig) -> str | None:
-    """The first failed check, or None. Darkness is checked before blur (dark frames also look flat)."""
+    """The first failed check, or None. Darkness is checked before blur (dark frames also look flat). A window
+    is too dark when it is dark on average and has no bright content either: a title card or credits (bright
+    text on black) is dark on average but not underexposed."""
     if scores["resolution"] < cfg.min_resolution:
         return "low_resolution"
-    if scores["brightness"] < cfg.min_brightness:
+    if scores["brightness"] < cfg.min_brightness and scores["highlight"] < cfg.min_highlight:
         return "too_dark"
     if scores["brightness"] > cfg.max_brightness:
         return "washed_out"

@@ -67,7 +67,8 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
     for k, (ws, we) in enumerate(spans):
         pool = fr.window_candidates(cand_t, ws, we)
         scored = fr.window_candidates(video.qual_idx / video.fps, ws, we)
-        scores = window_quality(video.edge_widths[scored], video.brightness[pool], video.width, video.height)
+        scores = window_quality(video.edge_widths[scored], video.brightness[pool], video.highlight[pool],
+                                video.width, video.height)
         reason = quality_drop_reason(scores, cfg.quality)
         if reason is not None:
             window_drops.append(reason)

@@ -83,12 +83,16 @@ def test_edge_width_is_contrast_free_and_widens_with_blur():
 
 def test_quality_reasons():
     cfg = QualityConfig()
-    scores = quality.window_quality(np.array([2.0, np.nan, 3.0, 2.5]), np.array([120.0, 130.0]), 112, 112)
-    assert scores == {"resolution": 112.0, "edge_width": 2.1, "brightness": 125.0}  # p10 of the frames with edges
-    assert quality.window_quality(np.array([np.nan]), np.array([50.0]), 64, 80)["edge_width"] == 0.0
+    scores = quality.window_quality(np.array([2.0, np.nan, 3.0, 2.5]), np.array([120.0, 130.0]),
+                                    np.array([200.0, 210.0]), 112, 112)
+    assert scores == {"resolution": 112.0, "edge_width": 2.1, "brightness": 125.0, "highlight": 205.0}  # p10 of
+    # the frames with edges
+    assert quality.window_quality(np.array([np.nan]), np.array([50.0]), np.array([90.0]), 64, 80)["edge_width"] == 0.0
     assert quality.quality_drop_reason(scores, cfg) is None
     assert quality.quality_drop_reason({**scores, "resolution": 24.0}, cfg) == "low_resolution"
-    assert quality.quality_drop_reason({**scores, "brightness": 10.0, "edge_width": 9.0}, cfg) == "too_dark"
+    assert quality.quality_drop_reason({**scores, "brightness": 10.0, "highlight": 30.0, "edge_width": 9.0},
+                                       cfg) == "too_dark"
+    assert quality.quality_drop_reason({**scores, "brightness": 18.0}, cfg) is None  # a title card: bright text
     assert quality.quality_drop_reason({**scores, "brightness": 250.0}, cfg) == "washed_out"
     assert quality.quality_drop_reason({**scores, "edge_width": 5.0}, cfg) == "blurry"
 

@@ -50,7 +50,11 @@ class QualityConfig(Section):
     """Candidate frames per second of source time scored for blur (at most `candidate_fps`; brightness uses every
     candidate). Blur affects every frame, so a few per second suffice; this keeps scoring off the hot path."""
     min_brightness: float = Field(25.0, ge=0, le=255)
-    """Median mean luma below this -> dropped as `too_dark`."""
+    """Median mean luma below this (and median highlight below `min_highlight`) -> dropped as `too_dark`."""
+    min_highlight: float = Field(64.0, ge=0, le=255)
+    """A dark window (median mean luma < `min_brightness`) is `too_dark` only if the median over its frames of
+    the brightest luma is below this too: bright text on a black title card or credits is not underexposure
+    (an underexposed video has no bright pixel: gain 0.12 keeps every luma <= 31)."""
     max_brightness: float = Field(235.0, ge=0, le=255)
     """Median mean luma above this -> dropped as `washed_out`."""
 
