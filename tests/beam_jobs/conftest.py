@@ -27,7 +27,7 @@ def scene_frame(seed: int, size: int, t: int) -> np.ndarray:
     return img
 
 
-def write_video(path: Path, scenes: list[tuple[int, int]], fps: float = 8.0, size: int = 96,
+def _write_video(path: Path, scenes: list[tuple[int, int]], fps: float = 8.0, size: int = 96,
                 dissolve: int = 0, post=None) -> list[int]:
     """Scenes as (seed, n_frames); `dissolve` > 0 blends the last scene pair over that many frames.
     Returns the first frame index of every scene after the first (the ground-truth cuts)."""
@@ -74,10 +74,10 @@ def small_dataset(tmp_path) -> Path:
     vdir = tmp_path / "videos"
     vdir.mkdir()
     rows = []
-    write_video(vdir / "a.mp4", [(1, 40), (2, 40)])
-    write_video(vdir / "b.mp4", [(3, 48), (4, 32)], dissolve=6)
-    write_video(vdir / "c.mp4", [(5, 40), (6, 40), (7, 40)])
-    write_video(vdir / "a_dup.mp4", [(1, 40), (2, 40)],
+    _write_video(vdir / "a.mp4", [(1, 40), (2, 40)])
+    _write_video(vdir / "b.mp4", [(3, 48), (4, 32)], dissolve=6)
+    _write_video(vdir / "c.mp4", [(5, 40), (6, 40), (7, 40)])
+    _write_video(vdir / "a_dup.mp4", [(1, 40), (2, 40)],
                 post=lambda f: cv2.convertScaleAbs(cv2.resize(f, (80, 80)), alpha=1.0, beta=8))
     (vdir / "zero.mp4").write_bytes(b"")
     (vdir / "text.mp4").write_text("not a video\n")
@@ -89,3 +89,9 @@ def small_dataset(tmp_path) -> Path:
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
     return path
+
+
+@pytest.fixture(name="write_video")
+def write_video_fixture():
+    """The scene-video writer for tests (a fixture: importing `conftest` by name clashes across test dirs)."""
+    return _write_video

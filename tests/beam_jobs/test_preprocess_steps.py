@@ -5,7 +5,6 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from conftest import write_video
 from datasketch import MinHashLSH
 
 from beam_jobs import dedup, frames, partition, quality, scenes, summary, text_bias
@@ -14,7 +13,7 @@ from beam_jobs.sink import query_verdict, sample_key
 from vtg.config.preprocess import QualityConfig
 
 
-def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path):
+def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path, write_video):
     cuts = write_video(tmp_path / "v.mp4", [(1, 20), (2, 20), (3, 16)])
     v = decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
     assert v.n_frames == 56 and v.fps == 8.0 and v.hard_cuts == cuts == [20, 40]
@@ -31,7 +30,7 @@ def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path):
         decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=4.0, expected_duration_s=20.0)
 
 
-def test_gradual_transition_is_found_inside_its_span(tmp_path):
+def test_gradual_transition_is_found_inside_its_span(tmp_path, write_video):
     write_video(tmp_path / "d.mp4", [(3, 40), (4, 40)], dissolve=16)  # frames 32-47
     v = decode_video(str(tmp_path / "d.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
     spans = scenes.gradual_transitions(v.thumbs, reach=4, high=15.0, min_frames=4, hard_cuts=v.hard_cuts)
@@ -131,7 +130,7 @@ def test_clusters_resolve_deterministically():
     assert dedup.query_shingles("The red  circle.", 2) == dedup.query_shingles("the red circle", 2)
 
 
-def test_video_shingles_survive_a_reencode(tmp_path):
+def test_video_shingles_survive_a_reencode(tmp_path, write_video):
     import cv2
 
     write_video(tmp_path / "a.mp4", [(1, 40), (2, 40), (5, 40)])
@@ -186,7 +185,7 @@ def test_keys_and_verdicts():
     assert query_verdict("a", None, 0.9, 0.5, False) is None
 
 
-def test_batched_cuts_equal_pyscenedetect_contentdetector(tmp_path):
+def test_batched_cuts_equal_pyscenedetect_contentdetector(tmp_path, write_video):
     write_video(tmp_path / "v.mp4", [(1, 20), (2, 6), (3, 30), (4, 24)], dissolve=6)
     for min_len, size in ((0.1, 16), (0.5, 16), (2.0, 16), (0.5, 64)):  # 16: all thumbnails at once after decode
         got = [decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=2.0, cut_threshold=15.0,

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import make_checkpoint
+from eval_fixtures import make_checkpoint
 
 from evaluation.__main__ import main
 from evaluation.api import evaluate_checkpoint

@@ -2,7 +2,7 @@ import io
 import json
 import tarfile
 
-from conftest import make_sample, write_fixture_shards
+from eval_fixtures import make_sample, write_fixture_shards
 
 from evaluation.data import ReadStats, iter_examples, iter_spans
 from vtg.shards import write_shard
