@@ -58,9 +58,10 @@ def edge_width(frame: np.ndarray) -> float:
 def window_quality(edge_widths: np.ndarray, brightness: np.ndarray, highlight: np.ndarray, width: int,
                    height: int) -> dict[str, float]:
     """Scores stored in the sample metadata: resolution (shorter side), edge width, median brightness (mean
-    luma of the candidate frames) and median highlight (brightest luma of each candidate). Edge width is the 10th percentile over the window's scored frames that have
-    edges (a sharp window needs only some sharp frames: objects come and go over plain backgrounds; blur widens
-    the edges of every frame); 0.0 when no frame has an edge (a flat window cannot be judged blurry)."""
+    luma of the candidate frames) and median highlight (brightest luma of each candidate). Edge width is the
+    10th percentile over the window's scored frames that have edges (a sharp window needs only some sharp
+    frames: objects come and go over plain backgrounds; blur widens the edges of every frame); 0.0 when no
+    frame has an edge (a flat window cannot be judged blurry)."""
     w = np.asarray(edge_widths, float)
     w = w[np.isfinite(w)]
     return {

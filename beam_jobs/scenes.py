@@ -59,9 +59,8 @@ class ContentCuts:
 
         n, h, w = bgr_small.shape[:3]
         hsv = cv2.cvtColor(bgr_small.reshape(n * h, w, 3), cv2.COLOR_BGR2HSV).reshape(n, h * w * 3)
-        diff = cv2.absdiff(hsv[1:], hsv[:-1]).astype(np.float32)
-        per_channel = np.kron(np.ones((h * w, 1), np.float32), np.eye(3, dtype=np.float32))
-        means = (diff @ per_channel).astype(np.float64) / (h * w)  # exact: integer sums < 2^24, then / h*w
+        diff = cv2.absdiff(hsv[1:], hsv[:-1]).reshape(n - 1, h * w, 3)
+        means = diff.sum(axis=1, dtype=np.int64) / (h * w)  # exact integer sums per channel, then / h*w
         score = np.zeros(n)
         score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
         above = score >= self.threshold

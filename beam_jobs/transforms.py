@@ -165,10 +165,11 @@ class _VerifyBucket(beam.DoFn):
     def process(self, item):
         _, members = item
         by_id = {m[0]: m for m in members}
+        shingles = {k: set(dedup.unpack(m[1])) for k, m in by_id.items()}  # once per member, not once per pair
         for a, b in dedup.candidate_pairs(list(by_id.items())):
             self.pairs.inc()
             ma, mb = by_id[a], by_id[b]
-            if dedup.jaccard(dedup.unpack(ma[1]), dedup.unpack(mb[1])) < self.threshold:
+            if dedup.jaccard(shingles[a], shingles[b]) < self.threshold:
                 continue
             if self.span_iou is not None:
                 from beam_jobs.text_bias import SCALE, iou

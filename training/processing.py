@@ -118,23 +118,28 @@ DEFAULT_TIMESTAMPS = "rope"
 TIMESTAMPS_KEY = "vtg_timestamps"  # saved in tokenizer_config.json, so an export says how it was trained
 
 
+def _export_choice(tokenizer, key: str, requested: str | None, choices: tuple[str, ...], default: str,
+                   what: str) -> str:
+    """A prompt-format choice: the caller's, else the one the tokenizer was exported with, else `default`."""
+    value = requested or getattr(tokenizer, "init_kwargs", {}).get(key) or default
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, got {value!r}")
+    return value
+
+
 def timestamp_mode(tokenizer, requested: str | None = None) -> str:
-    mode = requested or getattr(tokenizer, "init_kwargs", {}).get(TIMESTAMPS_KEY) or DEFAULT_TIMESTAMPS
-    if mode not in TIMESTAMP_MODES:
-        raise ValueError(f"timestamps must be one of {TIMESTAMP_MODES}, got {mode!r}")
-    return mode
+    return _export_choice(tokenizer, TIMESTAMPS_KEY, requested, TIMESTAMP_MODES, DEFAULT_TIMESTAMPS, "timestamps")
 
 
-def _video_block(tokenizer, video_token: str, grid: torch.Tensor, timestamps: Sequence[float],
+def _video_block(tokens: tuple[str, str, str], grid: torch.Tensor, timestamps: Sequence[float],
                  vision: VisionParams, mode: str) -> tuple[str, torch.Tensor, int]:
     """The text that replaces the template's single video placeholder, the per-video grids, and #groups.
 
     `rope`: one video, time only in the 3-D rope positions. `text`: one video per temporal patch, each preceded
     by the time of its first frame as text (`7.2s`), so the model can copy times it reads next to the frames.
     """
+    start, video_token, end = tokens
     gt, gh, gw = grid[0].tolist()
-    start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
-    end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
     per_group = gh * gw // vision.merge_size ** 2
     if mode == "rope":
         return f"{start}{video_token * (gt * per_group)}{end}", grid, 1
@@ -150,10 +155,7 @@ QUERY_POSITION_KEY = "vtg_query_position"  # saved in tokenizer_config.json like
 
 def query_position(tokenizer, requested: str | None = None) -> str:
     """`before`/`after` the video; exports without the key were trained with Qwen's order (`after`)."""
-    pos = requested or getattr(tokenizer, "init_kwargs", {}).get(QUERY_POSITION_KEY) or "after"
-    if pos not in QUERY_POSITIONS:
-        raise ValueError(f"query position must be one of {QUERY_POSITIONS}, got {pos!r}")
-    return pos
+    return _export_choice(tokenizer, QUERY_POSITION_KEY, requested, QUERY_POSITIONS, "after", "query position")
 
 
 def build_messages(query: str, position: str = "after") -> list[dict]:
@@ -193,7 +195,7 @@ def encode_example(
     if prompt.count(video_token) != 1 or placeholder not in prompt:
         raise ValueError(f"chat template must render exactly one {placeholder} for a video, got "
                          f"{prompt.count(video_token)} {video_token}")
-    block, grid_rows, groups = _video_block(tokenizer, video_token, grid, timestamps, vision,
+    block, grid_rows, groups = _video_block((start, video_token, end), grid, timestamps, vision,
                                             timestamp_mode(tokenizer, timestamps_mode))
     prompt = prompt.replace(placeholder, block)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
