@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from training.data import member_key
-from vtg.shards import SampleMeta, decode_jpeg
+from vtg.shards import SampleMeta, decode_jpegs
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def _decode_sample(key: str, parts: dict[str, bytes]) -> tuple[SampleMeta, np.nd
     if len(frame_keys) != meta.num_frames or len(meta.frame_timestamps) != meta.num_frames or not frame_keys:
         raise ValueError("frame_count_mismatch")
     try:
-        frames = np.stack([decode_jpeg(parts[k]) for k in frame_keys])
+        frames = decode_jpegs([parts[k] for k in frame_keys])
     except ValueError:
         raise ValueError("bad_jpeg") from None
     return meta, frames

@@ -28,16 +28,9 @@ from pathlib import Path
 import torch
 import webdataset as wds
 
-from training.processing import (
-    VisionParams,
-    answer_text,
-    collate,
-    decode_frames,
-    encode_example,
-    smart_resize,
-)
+from training.processing import VisionParams, answer_text, collate, encode_example, smart_resize
 from vtg.errors import VTGError
-from vtg.shards import SampleMeta, list_shards
+from vtg.shards import SampleMeta, decode_jpegs, list_shards
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +185,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         out = []
         for ex in raw:
             try:
-                frames = decode_frames(ex["jpegs"])
+                frames = decode_jpegs(ex["jpegs"])
                 out.append(encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
                                           answer_text(ex["windows"]), vision=self.vision,
                                           max_length=self.spec.max_seq_len, key=ex["key"]))

@@ -69,16 +69,6 @@ def _normalize_table() -> torch.Tensor:
     return (levels.view(1, 256) - mean) / std
 
 
-def decode_frames(jpegs: Sequence[bytes]) -> np.ndarray:
-    """JPEG bytes -> uint8 RGB [T, H, W, 3] (one channel flip for the whole clip)."""
-    import cv2
-
-    frames = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in jpegs]
-    if any(f is None for f in frames):
-        raise ValueError("not a decodable JPEG")
-    return np.ascontiguousarray(np.stack(frames)[..., ::-1])
-
-
 def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 RGB frames [T, H, W, 3] -> (pixel_values_videos [N, C*tp*p*p] float32, video_grid_thw [1, 3]).
 

@@ -72,12 +72,17 @@ def encode_jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
 
 def decode_jpeg(data: bytes) -> np.ndarray:
     """JPEG bytes -> RGB uint8 HxWx3."""
+    return decode_jpegs([data])[0]
+
+
+def decode_jpegs(frames: Sequence[bytes]) -> np.ndarray:
+    """A sample's JPEG frames -> RGB uint8 [T, H, W, 3] (one channel flip for the whole clip)."""
     import cv2
 
-    arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if arr is None:
+    arrs = [cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR) for j in frames]
+    if any(a is None for a in arrs):
         raise ValueError("not a decodable JPEG")
-    return arr[:, :, ::-1].copy()
+    return np.ascontiguousarray(np.stack(arrs)[..., ::-1])
 
 
 def sample_members(meta: SampleMeta, jpegs: Sequence[bytes]) -> list[tuple[str, bytes]]:
