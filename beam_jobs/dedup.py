@@ -11,9 +11,10 @@ member with the smallest rank key as canonical.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import cv2
 import numpy as np
@@ -67,10 +68,21 @@ def _h64(s: str) -> int:
     return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
 
 
+@functools.lru_cache(maxsize=8)
+def _empty_minhash(num_perm: int, seed: int) -> MinHash:
+    return MinHash(num_perm=num_perm, seed=seed)
+
+
 def signatures(shingle_sets: Sequence[Sequence[int]], num_perm: int, seed: int) -> list[np.ndarray]:
-    """MinHash hash values per shingle set (datasketch `MinHash.bulk`)."""
-    docs = [[s.to_bytes(8, "big") for s in shingles] for shingles in shingle_sets]
-    return [m.hashvalues for m in MinHash.bulk(docs, num_perm=num_perm, seed=seed)]
+    """MinHash hash values per shingle set: what datasketch `MinHash.bulk` computes (a copy of one initialised
+    MinHash per set), with the initialised MinHash kept between calls, so one set at a time costs no more."""
+    base = _empty_minhash(num_perm, seed)
+    out = []
+    for shingles in shingle_sets:
+        m = base.copy()
+        m.update_batch([s.to_bytes(8, "big") for s in shingles])
+        out.append(m.hashvalues)
+    return out
 
 
 def band_keys(hashvalues: np.ndarray, bands: int) -> list[tuple[int, bytes]]:
@@ -94,9 +106,9 @@ def jaccard(a: Iterable[int], b: Iterable[int]) -> float:
     return len(sa & sb) / len(sa | sb) if sa or sb else 1.0
 
 
-def candidate_pairs(members: Sequence[tuple[str, Hashable]]) -> list[tuple[str, str]]:
+def candidate_pairs(ids: Iterable[str]) -> list[tuple[str, str]]:
     """All unordered pairs of distinct ids in one LSH bucket, each as (smaller, larger)."""
-    ids = sorted({m[0] for m in members})
+    ids = sorted(set(ids))
     return [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]]
 
 

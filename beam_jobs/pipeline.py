@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 
 import apache_beam as beam
-from apache_beam.pvalue import AsList, AsSingleton
 
 from beam_jobs import summary
-from beam_jobs.items import FILTERED
 from beam_jobs.sink import AssembleFn, WriteShards, write_text
 from beam_jobs.text_bias import plot_location_bias
 from beam_jobs.transforms import (
@@ -72,18 +70,40 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
     shards = assembled.samples | "WriteShards" >> WriteShards(cfg.out_dir, cfg.samples_per_shard)
 
     bins = cfg.text_bias.histogram_bins
-    outcomes = ((rec[OUTCOME], videos[OUTCOME], assembled[OUTCOME]) | "AllOutcomes" >> beam.Flatten())
-    cells = (outcomes
-             | "OutcomeCells" >> beam.Map(summary.outcome_cell, bins)
-             | "CountCells" >> beam.combiners.Count.PerElement())
-    dead = (rec[DEAD], videos[DEAD]) | "AllDead" >> beam.Flatten()
-    window_events = videos[WINDOW_EVENT] | "CountWindowDrops" >> beam.combiners.Count.PerElement()
-    n_inputs = rec["lines"] | "CountInputs" >> beam.combiners.Count.Globally()
-    (p
-     | "FinalizeTrigger" >> beam.Create([None])
-     | "Finalize" >> beam.ParDo(FinalizeFn(cfg, lineage), AsSingleton(n_inputs), AsList(cells),
-                                AsList(window_events), AsList(shards), AsList(dead), AsList(videos[DIGEST]),
-                                AsList(outcomes | "Filtered" >> beam.Filter(lambda o: o.status == FILTERED))))
+    facts = ((p | "Start" >> beam.Create([(summary.INPUTS, 0)]),  # so there is a manifest even for no input
+              rec["lines"] | "LineFacts" >> beam.Map(lambda _: (summary.INPUTS, 1)),
+              (rec[OUTCOME], videos[OUTCOME], assembled[OUTCOME]) | "AllOutcomes" >> beam.Flatten()
+              | "OutcomeFacts" >> beam.FlatMap(summary.outcome_facts, bins),
+              videos[WINDOW_EVENT] | "WindowDropFacts" >> beam.Map(lambda r: (summary.WINDOW_DROPS, r)),
+              shards | "ShardFacts" >> beam.Map(lambda s: (summary.SHARDS, s)),
+              (rec[DEAD], videos[DEAD]) | "AllDead" >> beam.Flatten()
+              | "DeadFacts" >> beam.Map(lambda d: (summary.DEAD, d)),
+              videos[DIGEST] | "DigestFacts" >> beam.Map(lambda d: (summary.DIGESTS, d)))
+             | "AllFacts" >> beam.Flatten())
+    (facts
+     | "Summarize" >> beam.CombineGlobally(SummaryFn()).without_defaults()
+     | "Finalize" >> beam.ParDo(FinalizeFn(cfg, lineage)))
+
+
+class SummaryFn(beam.CombineFn):
+    """(kind, value) facts -> one `Facts` (counts add up in each worker before they are merged)."""
+
+    def create_accumulator(self) -> summary.Facts:
+        return summary.Facts()
+
+    def add_input(self, acc: summary.Facts, fact) -> summary.Facts:
+        acc.add(*fact)
+        return acc
+
+    def merge_accumulators(self, accs) -> summary.Facts:
+        accs = iter(accs)
+        out = next(accs)
+        for a in accs:
+            out.merge(a)
+        return out
+
+    def extract_output(self, acc: summary.Facts) -> summary.Facts:
+        return acc
 
 
 class FinalizeFn(beam.DoFn):
@@ -92,18 +112,19 @@ class FinalizeFn(beam.DoFn):
     def __init__(self, cfg: PreprocessConfig, lineage: dict) -> None:
         self.cfg, self.lineage = cfg, lineage
 
-    def process(self, _, n_inputs, cells, window_events, shards, dead, digests, filtered):
+    def process(self, facts: summary.Facts):
         out = self.cfg.out_dir
-        dead = sorted(dead, key=lambda d: json.dumps(d, sort_keys=True))
+        dead = sorted(facts.dead, key=lambda d: json.dumps(d, sort_keys=True))
         write_text(f"{out}/{DEAD_LETTER}", "".join(json.dumps(d, sort_keys=True) + "\n" for d in dead))
-        rows = sorted((o.annotation_id, o.video_id, o.reason, o.detail) for o in filtered)
+        rows = sorted(facts.filtered)
         write_text(f"{out}/{FILTERED_LOG}", "".join(json.dumps(dict(zip(
             ("annotation_id", "video_id", "reason", "detail"), r))) + "\n" for r in rows))
-        lineage = {**self.lineage, "inputs_digest": summary.inputs_digest(self.lineage["records_sha256"], digests),
-                   "videos": len(set(digests))}
+        lineage = {**self.lineage, "inputs_digest": summary.inputs_digest(self.lineage["records_sha256"],
+                                                                          facts.digests),
+                   "videos": len(set(facts.digests))}
         manifest = summary.build_manifest(
-            n_inputs=n_inputs, cells=dict(cells), window_events=dict(window_events), shards=list(shards),
-            n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins)
+            n_inputs=facts.inputs, cells=dict(facts.cells), window_events=dict(facts.window_drops),
+            shards=list(facts.shards), n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins)
         manifest["outputs"] = {"dead_letter": DEAD_LETTER, "filtered": FILTERED_LOG,
                                "location_bias_plot": LOCATION_PLOT}
         plot_location_bias(manifest["location_bias"], f"{out}/{LOCATION_PLOT}")

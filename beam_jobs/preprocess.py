@@ -36,8 +36,8 @@ from vtg.errors import VTGError
 from vtg.shards import SPLITS
 
 log = logging.getLogger("beam_jobs.preprocess")
-# Fields that do not change the shard bytes (paths, runner, display) stay out of the params hash.
-_NOT_CONTENT = {"records", "out_dir", "runner", "runner_profiles", "direct_num_workers", "progress"}
+# Fields that do not change the shard bytes (paths, runner, decoder threads, display) stay out of the params hash.
+_NOT_CONTENT = {"records", "out_dir", "runner", "runner_profiles", "direct_num_workers", "progress", "decode_threads"}
 
 
 def code_version() -> str:

@@ -44,11 +44,13 @@ class VideoReader(Protocol):
 
 
 class OpenCVReader:
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 0) -> None:
+        """`threads`: FFmpeg decoder threads (0: OpenCV's default, one per CPU)."""
         self._cap: cv2.VideoCapture | None = None
+        self._params = [cv2.CAP_PROP_N_THREADS, threads] if threads > 0 else []
 
     def open(self, path: str) -> tuple[float, int, int, int]:
-        cap = cv2.VideoCapture(path)
+        cap = cv2.VideoCapture(path, cv2.CAP_ANY, self._params)
         if not cap.isOpened():
             raise DecodeError("not a decodable video (OpenCV could not open it)")
         self._cap = cap
@@ -143,6 +145,7 @@ def decode_video(
     min_scene_len_s: float = 0.5,
     expected_duration_s: float | None = None,
     reader: str = "opencv",
+    decode_threads: int = 0,
     engine: str = "batched",
     quality_fps: float = 1.0,
     blur_size: int = 56,
@@ -153,7 +156,7 @@ def decode_video(
         raise DecodeError(f"file not found: {path}")
     if os.path.getsize(path) == 0:
         raise DecodeError("zero-byte file")
-    rd: VideoReader = READERS[reader]()
+    rd: VideoReader = READERS[reader](threads=decode_threads)
     fps, w, h, declared = rd.open(path)
     try:
         if not (fps > 0) or w <= 0 or h <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome
 from beam_jobs.text_bias import histogram_bins
@@ -26,6 +27,48 @@ def outcome_cell(o: Outcome, bins: int) -> tuple[str, str, int, int]:
     """(status, reason, start bin, end bin): what the manifest needs of one outcome (-1 bins: no moment)."""
     bs, be = histogram_bins(o.span, bins) if o.span is not None else (-1, -1)
     return o.status, o.reason, bs, be
+
+
+INPUTS, CELLS, FILTERED_ROWS, WINDOW_DROPS, SHARDS, DEAD, DIGESTS = (
+    "inputs", "cells", "filtered", "window_drops", "shards", "dead", "digests")
+
+
+@dataclass
+class Facts:
+    """Everything the manifest and the logs are built from, gathered from (kind, value) facts."""
+
+    inputs: int = 0
+    cells: Counter = field(default_factory=Counter)
+    """(status, reason, start bin, end bin) -> records."""
+    window_drops: Counter = field(default_factory=Counter)
+    filtered: list = field(default_factory=list)
+    """(annotation_id, video_id, reason, detail) per filtered record."""
+    shards: list = field(default_factory=list)
+    dead: list = field(default_factory=list)
+    digests: list = field(default_factory=list)
+    """(video path, sha256) per video read."""
+
+    def add(self, kind: str, value) -> None:
+        if kind == INPUTS:
+            self.inputs += value
+        elif kind in (CELLS, WINDOW_DROPS):
+            getattr(self, kind)[value] += 1
+        else:
+            getattr(self, kind).append(value)
+
+    def merge(self, other: Facts) -> None:
+        self.inputs += other.inputs
+        for name in (CELLS, WINDOW_DROPS):
+            getattr(self, name).update(getattr(other, name))
+        for name in (FILTERED_ROWS, SHARDS, DEAD, DIGESTS):
+            getattr(self, name).extend(getattr(other, name))
+
+
+def outcome_facts(o: Outcome, bins: int):
+    """An outcome's facts: its manifest cell, and its row of filtered.jsonl when it was filtered."""
+    yield CELLS, outcome_cell(o, bins)
+    if o.status == FILTERED:
+        yield FILTERED_ROWS, (o.annotation_id, o.video_id, o.reason, o.detail)
 
 
 def location_histograms(cells: dict[tuple, int], bins: int) -> dict[str, dict[str, list[int]]]:

@@ -151,37 +151,65 @@ class ProcessVideoFn(beam.DoFn):
 # ---------------------------------------------------------------- near-duplicates
 
 
-def _with_signatures(batch, num_perm: int, seed: int):
-    sigs = dedup.signatures([item[1] for item in batch], num_perm, seed)
-    return [(*item, hv) for item, hv in zip(batch, sigs)]
+ITEM, PAIR, HALF = "item", "pair", "half"
 
 
-class _VerifyBucket(beam.DoFn):
+def _band_keys(item, num_perm: int, seed: int, bands: int):
+    """(id, shingles, rank, scope, span) -> ((scope, band, band hash), id) per band: ids only, so the bucket
+    shuffle moves ~50 bytes per band rather than the shingles (1.5 KB per video, times 32 bands)."""
+    hv = dedup.signatures([item[1]], num_perm, seed)[0]
+    return [((item[3], *k), item[0]) for k in dedup.band_keys(hv, bands)]
+
+
+def _payload(item):
+    """What verification needs of an item: (id, (ITEM, (packed shingles, rank, span)))."""
+    return item[0], (ITEM, (dedup.pack(item[1]), item[2], item[4]))
+
+
+def _bucket_pairs(kv):
+    """A bucket -> its candidate pairs, keyed by their first member."""
+    return [(a, (PAIR, b)) for a, b in dedup.candidate_pairs(kv[1])]
+
+
+def _first_halves(kv):
+    """An item with the partners it was paired with (in any band) -> (partner, (HALF, (id, payload))) once per
+    partner: every candidate pair reaches its second member with the first member's shingles."""
+    a, values = kv
+    payload = next(v for tag, v in values if tag == ITEM)
+    for b in sorted({v for tag, v in values if tag == PAIR}):
+        yield b, (HALF, (a, payload))
+
+
+class _VerifyPairs(beam.DoFn):
+    """(b, [b's payload, (a, a's payload) per candidate pair]) -> verified edges (a, rank a, b, rank b)."""
+
     def __init__(self, threshold: float, span_iou: float | None) -> None:
         self.threshold = threshold
         self.span_iou = span_iou
         self.pairs = Metrics.counter(NS, "dedup_candidate_pairs")
 
-    def process(self, item):
-        _, members = item
-        by_id = {m[0]: m for m in members}
-        shingles = {k: set(dedup.unpack(m[1])) for k, m in by_id.items()}  # once per member, not once per pair
-        for a, b in dedup.candidate_pairs(list(by_id.items())):
+    def process(self, kv):
+        b, values = kv
+        halves = [v for tag, v in values if tag == HALF]
+        if not halves:
+            return
+        blob_b, rank_b, span_b = next(v for tag, v in values if tag == ITEM)
+        shingles_b = set(dedup.unpack(blob_b))
+        for a, (blob_a, rank_a, span_a) in sorted(halves):
             self.pairs.inc()
-            ma, mb = by_id[a], by_id[b]
-            if dedup.jaccard(shingles[a], shingles[b]) < self.threshold:
+            if dedup.jaccard(dedup.unpack(blob_a), shingles_b) < self.threshold:
                 continue
             if self.span_iou is not None:
                 from beam_jobs.text_bias import SCALE, iou
 
-                sa, sb = ma[3], mb[3]
-                if iou((sa[0] / SCALE, sa[1] / SCALE), (sb[0] / SCALE, sb[1] / SCALE)) < self.span_iou:
+                if iou((span_a[0] / SCALE, span_a[1] / SCALE),
+                       (span_b[0] / SCALE, span_b[1] / SCALE)) < self.span_iou:
                     continue
-            yield (a, ma[2], b, mb[2])
+            yield (a, rank_a, b, rank_b)
 
 
 def _resolve(edges):
-    """Verified edges (one per band that found the pair) -> sorted (member, canonical) pairs."""
+    """Verified edges -> sorted (member, canonical) pairs."""
     edges = sorted(set(edges))
     rank = {}
     for a, ra, b, rb in edges:
@@ -192,9 +220,10 @@ def _resolve(edges):
 class NearDuplicates(beam.PTransform):
     """(id, shingles, rank, scope[, span]) items -> (id, canonical id) for members of duplicate clusters.
 
-    Band keys are scoped (videos: one global scope; queries: their video), grouped with a GroupByKey,
-    verified by exact Jaccard; only the verified edges (duplicates, not the data set) are gathered to
-    resolve clusters."""
+    Band keys are scoped (videos: one global scope; queries: their video) and grouped with a GroupByKey into
+    candidate pairs of ids; each pair meets its two members' shingles in two more GroupByKeys (by its first,
+    then its second member) and is verified by exact Jaccard; only the verified edges (duplicates, not the
+    data set) are gathered to resolve clusters."""
 
     def __init__(self, cfg: DedupConfig, threshold: float, span_iou: float | None = None) -> None:
         super().__init__()
@@ -202,16 +231,20 @@ class NearDuplicates(beam.PTransform):
 
     def expand(self, items):
         c = self.cfg
-        return (items
-                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=512)
-                | "MinHash" >> beam.FlatMap(_with_signatures, c.num_perm, c.seed)
-                | "BandKeys" >> beam.FlatMap(
-                    lambda it: [((it[3], *k), (it[0], dedup.pack(it[1]), it[2], it[4])) for k in
-                                dedup.band_keys(it[5], c.bands)])
-                | "GroupBands" >> beam.GroupByKey()
-                | "Verify" >> beam.ParDo(_VerifyBucket(self.threshold, self.span_iou))
-                | "GatherEdges" >> beam.combiners.ToList()
-                | "Resolve" >> beam.FlatMap(_resolve))
+        payloads = items | "Payload" >> beam.Map(_payload)
+        pairs = (items
+                 | "BandKeys" >> beam.FlatMap(_band_keys, c.num_perm, c.seed, c.bands)
+                 | "GroupBands" >> beam.GroupByKey()
+                 | "CandidatePairs" >> beam.FlatMap(_bucket_pairs))
+        halves = ((payloads, pairs) | "PairsWithFirst" >> beam.Flatten()
+                  | "ByFirst" >> beam.GroupByKey()
+                  | "FirstHalves" >> beam.FlatMap(_first_halves))
+        return ((payloads, halves) | "PairsWithSecond" >> beam.Flatten()
+                | "BySecond" >> beam.GroupByKey()
+                | "Verify" >> beam.ParDo(_VerifyPairs(self.threshold, self.span_iou))
+                | "OneKey" >> beam.Map(lambda edge: (None, edge))
+                | "GatherEdges" >> beam.GroupByKey()
+                | "Resolve" >> beam.FlatMap(lambda kv: _resolve(kv[1])))
 
 
 def video_dedup_items(sig: VideoSig):

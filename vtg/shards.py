@@ -7,7 +7,6 @@ same function, so producers and consumers cannot drift apart.
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from collections.abc import Iterable, Sequence
@@ -96,21 +95,47 @@ def sample_members(meta: SampleMeta, jpegs: Sequence[bytes]) -> list[tuple[str, 
     return members
 
 
+def _fixed_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+_TEMPLATE = bytearray(_fixed_info("", 0).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
+_TEMPLATE[148:156] = b" " * 8  # the checksum is computed with its own field as spaces
+
+
+def _header(name: str, size: int) -> bytes:
+    """The USTAR header `tarfile` writes for a member with the fixed metadata, filled in from a template: same
+    bytes as `TarInfo.tobuf` (tested) at a twentieth of its cost (a shard has ~17 members per sample)."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100 or size >= 8 ** 11:  # a prefix field or a large size: tarfile's own header
+        return _fixed_info(name, size).tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+    buf = _TEMPLATE.copy()
+    buf[:len(raw)] = raw
+    buf[124:136] = b"%011o\0" % size
+    buf[148:155] = b"%06o\0" % sum(buf)
+    return bytes(buf)
+
+
 def write_shard(path: str | Path, samples: Iterable[tuple[SampleMeta, Sequence[bytes]]]) -> int:
-    """Write samples to a tar with fixed metadata (mtime 0, uid/gid 0, mode 0o644): same input -> same bytes."""
+    """Write samples to a USTAR tar with fixed metadata (mtime 0, uid/gid 0, mode 0o644), byte for byte what
+    `tarfile` writes: same input -> same bytes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    n = 0
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+    n = size = 0
+    with open(tmp, "wb") as f:
         for meta, jpegs in samples:
             for name, data in sample_members(meta, jpegs):
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(data), 0, 0o644
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                tar.addfile(info, io.BytesIO(data))
+                pad = -len(data) % tarfile.BLOCKSIZE
+                f.write(_header(name, len(data)) + data + b"\0" * pad)
+                size += tarfile.BLOCKSIZE + len(data) + pad
             n += 1
+        size += 2 * tarfile.BLOCKSIZE  # end-of-archive blocks, then zeros up to a whole record, as tarfile does
+        f.write(b"\0" * (2 * tarfile.BLOCKSIZE + -size % tarfile.RECORDSIZE))
     tmp.replace(path)
     return n
 

@@ -31,7 +31,8 @@ def rec(aid: str, vid: str, query: str, window=(1.0, 3.0), duration=20.0) -> Can
 def test_read_records_routes_bad_lines_and_duplicate_ids(tmp_path):
     good = rec("a1", "v", "x").model_dump_json()
     path = tmp_path / "r.jsonl"
-    path.write_text("\n".join([good, good, '{"video_id": 1}', "not json", ""]) + "\n")
+    lines = [good, good, '{"video_id": 1}', "not json", ""]
+    path.write_text("".join(line + "\n" for line in lines))
     with test_pipeline.TestPipeline() as p:
         out = p | ReadRecords(str(path))
         assert_that(out["records"] | beam.Map(lambda r: r.annotation_id), equal_to(["a1"]), label="records")

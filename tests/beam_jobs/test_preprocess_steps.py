@@ -24,8 +24,13 @@ def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path, write_video
     (tmp_path / "cut.mp4").write_bytes(data[: len(data) // 2])
     for name, msg in (("zero.mp4", "zero-byte"), ("text.mp4", "not a decodable"), ("cut.mp4", "truncated|not a decodable|no frame"),
                       ("missing.mp4", "not found")):
-        with pytest.raises(DecodeError, match=msg):
-            decode_video(str(tmp_path / name), frame_size=28, candidate_fps=4.0)
+        for threads in (0, 1):  # bad files fail the same way whatever the decoder threading
+            with pytest.raises(DecodeError, match=msg):
+                decode_video(str(tmp_path / name), frame_size=28, candidate_fps=4.0, decode_threads=threads)
+    # One decoder thread (the job's default) and OpenCV's default threading give the same frames.
+    one = decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0, decode_threads=1)
+    assert (one.thumbs == v.thumbs).all() and one.hard_cuts == v.hard_cuts
+    assert all((a == b).all() for a, b in zip(one.cand_frames, v.cand_frames, strict=True))
     with pytest.raises(DecodeError, match="truncated"):
         decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=4.0, expected_duration_s=20.0)
 
@@ -109,6 +114,7 @@ def test_band_keys_reproduce_minhashlsh_candidates():
     lsh = MinHashLSH(num_perm=128, params=(32, 4))
     for k, m in mh.items():
         assert (m.hashvalues == sigs[k]).all()
+        assert (dedup.signatures([docs[k]], 128, 1)[0] == sigs[k]).all()  # one set at a time (the job's way)
         lsh.insert(k, m)
     buckets: dict = {}
     for k, hv in sigs.items():
@@ -126,7 +132,7 @@ def test_clusters_resolve_deterministically():
     out = dedup.resolve_clusters(edges, rank)
     assert out == dedup.resolve_clusters(list(reversed(edges)), rank)
     assert out == {"x": "y", "y": "y", "z": "y", "p": "p", "q": "p"}
-    assert dedup.candidate_pairs([("b", 1), ("a", 2), ("b", 3)]) == [("a", "b")]
+    assert dedup.candidate_pairs(["b", "a", "b"]) == [("a", "b")]
     assert dedup.query_shingles("The red  circle.", 2) == dedup.query_shingles("the red circle", 2)
 
 
