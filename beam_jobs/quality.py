@@ -39,8 +39,10 @@ def edge_width(frame: np.ndarray) -> float:
     equally bright background still has edges. Resolution matters (widths are in pixels), so callers score
     frames resized to one analysis size (`quality.blur_size`)."""
     f = frame if frame.ndim == 3 else frame[:, :, None]
-    slope = cv2.add(np.abs(cv2.Sobel(f, cv2.CV_16S, 1, 0)), np.abs(cv2.Sobel(f, cv2.CV_16S, 0, 1)))  # 8 x slope
-    spread = cv2.subtract(cv2.dilate(f, _KERNEL), cv2.erode(f, _KERNEL), dtype=cv2.CV_16S)
+    slope = np.abs(cv2.Sobel(f, cv2.CV_16S, 1, 0))  # 8 x slope: |dx| + |dy| <= 2040, exact in int16
+    slope += np.abs(cv2.Sobel(f, cv2.CV_16S, 0, 1))
+    # max >= min, so the uint8 difference is exact (OpenCV's uint8 -> int16 subtract is ~5x slower)
+    spread = cv2.subtract(cv2.dilate(f, _KERNEL), cv2.erode(f, _KERNEL)).astype(np.int16)
     if f.shape[2] > 1:  # channel sums (exact in int16: <= 3 x 2040)
         ones = np.ones((1, f.shape[2]), np.float32)
         slope, spread = cv2.transform(slope, ones), cv2.transform(spread, ones)
