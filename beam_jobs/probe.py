@@ -51,6 +51,8 @@ class OpenCVReader:
 
     def open(self, path: str) -> tuple[float, int, int, int]:
         cap = cv2.VideoCapture(path, cv2.CAP_ANY, self._params)
+        if not cap.isOpened() and self._params:  # a backend that does not take the threads setting
+            cap = cv2.VideoCapture(path)
         if not cap.isOpened():
             raise DecodeError("not a decodable video (OpenCV could not open it)")
         self._cap = cap
