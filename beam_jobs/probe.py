@@ -172,6 +172,17 @@ def decode_video(
     return video
 
 
+def prescale_halvings(w: int, h: int, target: int) -> int:
+    """How many times a w x h frame is halved (INTER_AREA, exact 2x2 means) before its area resizes to `target`
+    px and below: while both sides are even and the halved shorter side stays >= 4 x target. OpenCV's INTER_AREA
+    by a large integer factor takes a slow generic path (448 -> 16 px: 300 us, 1.7x the frame's decode), its 2x
+    path is fast (78 us); frames under 8 x target (the 112-px default corpus) are resized in one step as before."""
+    n = 0
+    while w % 2 == 0 and h % 2 == 0 and min(w, h) // 2 >= 4 * target:
+        w, h, n = w // 2, h // 2, n + 1
+    return n
+
+
 def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_size: int, candidate_fps: float,
           detect_size: int, cutter: ContentCuts, quality_fps: float, blur_size: int) -> DecodedVideo:
     """The single pass over the frames (OpenCV primitives only: this loop is the job's hot path)."""
@@ -180,12 +191,16 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     on_thumbs = detect_size <= THUMB and cutter.engine == "batched"  # cut scores for all thumbnails after the loop
     step = max(1.0, fps / candidate_fps)
     qstep = max(step, fps / quality_fps)
+    halvings = prescale_halvings(w, h, max(frame_size, blur_size))
     thumbs, cand_idx, cands, qual_idx, widths = [], [], [], [], []
     next_cand = next_qual = 0.0
     n = 0
     for i, frame in enumerate(frames):
-        # Thumbnails come straight from the frame so that every resolution of the same content matches.
-        thumb = cv2.resize(frame, (THUMB, THUMB), interpolation=cv2.INTER_AREA)
+        src = frame
+        for _ in range(halvings):  # large frames: exact 2x area steps first (OpenCV's fast path), then one resize
+            src = cv2.resize(src, (src.shape[1] // 2, src.shape[0] // 2), interpolation=cv2.INTER_AREA)
+        # Thumbnails are area averages of the whole frame, so every resolution of the same content matches.
+        thumb = cv2.resize(src, (THUMB, THUMB), interpolation=cv2.INTER_AREA)
         thumbs.append(thumb)
         if not on_thumbs:
             small = thumb if detect_size <= THUMB else \
@@ -194,13 +209,13 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
         n = i + 1
         if i >= next_cand - 1e-9:
             next_cand += step
-            cand = cv2.resize(frame, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
+            cand = cv2.resize(src, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
             cands.append(cand)
             cand_idx.append(i)
             if i >= next_qual - 1e-9:
                 next_qual += qstep
                 scored = cand if blur_size == frame_size else \
-                    cv2.resize(frame, (blur_size, blur_size), interpolation=cv2.INTER_AREA)
+                    cv2.resize(src, (blur_size, blur_size), interpolation=cv2.INTER_AREA)
                 widths.append(edge_width(scored))
                 qual_idx.append(i)
     if n == 0:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from datasketch import MinHashLSH
 
-from beam_jobs import dedup, frames, partition, quality, scenes, summary, text_bias
+from beam_jobs import dedup, frames, partition, probe, quality, scenes, summary, text_bias
 from beam_jobs.probe import DecodeError, decode_video
 from beam_jobs.sink import query_verdict, sample_key
 from vtg.config.preprocess import QualityConfig
@@ -33,6 +33,21 @@ def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path, write_video
     assert all((a == b).all() for a, b in zip(one.cand_frames, v.cand_frames, strict=True))
     with pytest.raises(DecodeError, match="truncated"):
         decode_video(str(tmp_path / "v.mp4"), frame_size=28, candidate_fps=4.0, expected_duration_s=20.0)
+
+
+def test_large_frames_are_halved_first_and_still_find_the_cuts(tmp_path, write_video):
+    assert [probe.prescale_halvings(s, s, 56) for s in (84, 112, 140, 446, 448, 900)] == [0, 0, 0, 0, 1, 2]
+    assert probe.prescale_halvings(1920, 1080, 56) == 2 and probe.prescale_halvings(450, 451, 56) == 0
+    assert probe.prescale_halvings(224, 224, 28) == 1  # 224 -> 112 first, then the area resizes to 28 and 16
+    cuts = write_video(tmp_path / "big.mp4", [(1, 20), (2, 20), (3, 16)], size=224)
+    v = decode_video(str(tmp_path / "big.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
+    assert v.hard_cuts == cuts == [20, 40]
+    cap = cv2.VideoCapture(str(tmp_path / "big.mp4"))
+    _, first = cap.read()
+    cap.release()
+    for got, side in ((v.thumbs[0], 16), (v.cand_frames[0], 28)):  # within 1 level of the one-step area means
+        direct = cv2.resize(first, (side, side), interpolation=cv2.INTER_AREA)
+        assert np.abs(got.astype(int) - direct.astype(int)).max() <= 1
 
 
 def test_gradual_transition_is_found_inside_its_span(tmp_path, write_video):
