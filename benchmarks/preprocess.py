@@ -1,4 +1,4 @@
-"""Preprocess speed: `python benchmarks/preprocess.py [--n-videos 1200] [--corpus DIR] [beam options ...]`.
+"""Preprocess speed: `python benchmarks/preprocess.py [--n-videos 1200] [--size PX] [--corpus DIR] [beam options]`.
 
 On the same videos in one run, measures source-video seconds processed per wall second for
   1. OpenCV decode-only (every frame read into a reused buffer, nothing else; one process), twice over: with
@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--n-videos", type=int, default=1200,
                     help="clean videos in the built corpus (default: the params.yaml corpus size; a small corpus "
                          "is dominated by Beam's fixed start-up)")
+    ap.add_argument("--size", type=int, default=None,
+                    help="frame side of the built corpus's videos (default: params.yaml, 112 px; decoding a 112-px "
+                         "frame costs ~25 us, so the job's fixed per-frame work weighs more than on larger videos)")
     ap.add_argument("--corpus", default=None, help="use this built corpus directory instead of building one")
     ap.add_argument("--params", default="params.yaml")
     args, beam_argv = ap.parse_known_args()
@@ -118,13 +121,14 @@ def main() -> None:
             f"ingest.annotations=[{corpus}/annotations]", f"ingest.video_root={corpus}/videos",
             f"ingest.out={tmp}/records.jsonl", f"ingest.dead_letter={tmp}/ingest_dead.jsonl",
             f"ingest.summary={tmp}/ingest_summary.json", f"preprocess.records={tmp}/records.jsonl",
-            f"preprocess.out_dir={tmp}/shards", "preprocess.progress=false"]
+            f"preprocess.out_dir={tmp}/shards", "preprocess.progress=false",
+            *([f"corpus.width={args.size}", f"corpus.height={args.size}"] if args.size else [])]
     cfg = load_config(args.params, None, over)
     if not args.corpus:
         from vtg.corpus import build_corpus
 
         _, t = timed(build_corpus, cfg.corpus)
-        print(f"built corpus ({args.n_videos} clean videos) in {t:.1f} s")
+        print(f"built corpus ({args.n_videos} clean videos, {cfg.corpus.width}x{cfg.corpus.height} px) in {t:.1f} s")
     from vtg.ingest import ingest
 
     ingest(cfg.ingest)
