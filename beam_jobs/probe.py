@@ -145,6 +145,7 @@ def decode_video(
     detect_size: int = 64,
     cut_threshold: float = 27.0,
     min_scene_len_s: float = 0.5,
+    min_changed_fraction: float = 0.0,
     expected_duration_s: float | None = None,
     reader: str = "opencv",
     decode_threads: int = 0,
@@ -163,7 +164,7 @@ def decode_video(
     try:
         if not (fps > 0) or w <= 0 or h <= 0:
             raise DecodeError(f"no usable video stream (fps={fps}, size={w}x{h})")
-        cutter = ContentCuts(fps, cut_threshold, max(1, round(min_scene_len_s * fps)), engine)
+        cutter = ContentCuts(fps, cut_threshold, max(1, round(min_scene_len_s * fps)), engine, min_changed_fraction)
         video = _scan(rd.frames(), fps, w, h, frame_size=frame_size, candidate_fps=candidate_fps,
                       detect_size=detect_size, cutter=cutter, quality_fps=quality_fps, blur_size=blur_size)
     finally:

@@ -21,11 +21,12 @@ class ContentCuts:
     decoded and downscaled. Gives the same cuts as `ContentDetector.process_frame` (tested) at a fraction of
     its per-frame Python cost; `engine="pyscenedetect"` feeds ContentDetector itself instead."""
 
-    def __init__(self, fps: float, threshold: float, min_scene_len: int, engine: str = "batched") -> None:
+    def __init__(self, fps: float, threshold: float, min_scene_len: int, engine: str = "batched",
+                 min_changed: float = 0.0) -> None:
         from scenedetect.detector import FlashFilter
         from scenedetect.detectors import ContentDetector
 
-        self.fps, self.threshold = fps, threshold
+        self.fps, self.threshold, self.min_changed = fps, threshold, min_changed
         self.engine = engine
         self._det = ContentDetector(threshold=threshold, min_scene_len=min_scene_len) if engine != "batched" \
             else None
@@ -43,6 +44,9 @@ class ContentCuts:
             return
         hsv = cv2.cvtColor(bgr_small, cv2.COLOR_BGR2HSV)
         score = 0.0 if self._prev is None else sum(cv2.mean(cv2.absdiff(hsv, self._prev))[:3]) / 3.0
+        if self.min_changed > 0 and self._prev is not None and score >= self.threshold:
+            cells = cv2.absdiff(hsv, self._prev).reshape(-1, 3).sum(axis=1, dtype=np.int32)
+            score = score if (cells >= 3 * self.threshold).mean() >= self.min_changed else 0.0
         self._prev = hsv
         above = score >= self.threshold
         # The filter's state changes only on the first frame, above-threshold frames, or while merging.
@@ -64,6 +68,10 @@ class ContentCuts:
         score = np.zeros(n)
         score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
         above = score >= self.threshold
+        if self.min_changed > 0:  # and enough of the frame changed: a cut, not an object appearing
+            changed = np.zeros(n)
+            changed[1:] = (diff.sum(axis=2, dtype=np.int32) >= 3 * self.threshold).mean(axis=1)
+            above &= changed >= self.min_changed
         for i in range(n):
             if i == 0 or above[i] or self._filter._merge_triggered:
                 self._last = FrameTimecode(i, self.fps)

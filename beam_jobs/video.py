@@ -23,7 +23,8 @@ def decode(path: str, cfg: PreprocessConfig, expected_duration_s: float | None =
     """`probe.decode_video` with the job's settings (raises DecodeError)."""
     return decode_video(path, frame_size=cfg.frame_size, candidate_fps=cfg.candidate_fps,
                         detect_size=cfg.scenes.detect_size, cut_threshold=cfg.scenes.threshold,
-                        min_scene_len_s=cfg.scenes.min_scene_len_s, expected_duration_s=expected_duration_s,
+                        min_scene_len_s=cfg.scenes.min_scene_len_s,
+                        min_changed_fraction=cfg.scenes.min_changed_fraction, expected_duration_s=expected_duration_s,
                         reader=cfg.reader, decode_threads=cfg.decode_threads, engine=cfg.scenes.engine,
                         quality_fps=cfg.quality.sample_fps, blur_size=cfg.quality.blur_size)
 

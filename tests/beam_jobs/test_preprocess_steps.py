@@ -50,6 +50,24 @@ def test_large_frames_are_halved_first_and_still_find_the_cuts(tmp_path, write_v
         assert np.abs(got.astype(int) - direct.astype(int)).max() <= 1
 
 
+def test_object_appearing_on_a_still_scene_is_not_a_cut():
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(2))
+    with_object = a.copy()
+    with_object[4:11, 4:11] = (0, 0, 255)  # a big red square appears: 19% of the cells
+    thumbs = np.stack([a] * 10 + [with_object] * 10 + [b] * 10)
+    got = {}
+    for gate in (0.0, 0.5):
+        cutter = scenes.ContentCuts(8.0, 15.0, 1, "batched", gate)
+        cutter.push_all(thumbs)
+        per_frame = scenes.ContentCuts(8.0, 15.0, 1, "batched", gate)
+        for i, t in enumerate(thumbs):
+            per_frame.push(i, t)
+        got[gate] = cutter.finish()
+        assert per_frame.finish() == got[gate]  # frame by frame and all at once agree
+    assert got == {0.0: [10, 20], 0.5: [20]}  # plain ContentDetector calls the appearance a cut; the gate does not
+
+
 def test_gradual_transition_is_found_inside_its_span(tmp_path, write_video):
     write_video(tmp_path / "d.mp4", [(3, 40), (4, 40)], dissolve=16)  # frames 32-47
     v = decode_video(str(tmp_path / "d.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
