@@ -151,9 +151,6 @@ class ProcessVideoFn(beam.DoFn):
 # ---------------------------------------------------------------- near-duplicates
 
 
-ITEM, PAIR, HALF = "item", "pair", "half"
-
-
 def _band_keys(item, num_perm: int, seed: int, bands: int):
     """(id, shingles, rank, scope, span) -> ((scope, band, band hash), id) per band: ids only, so the bucket
     shuffle moves ~50 bytes per band rather than the shingles (1.5 KB per video, times 32 bands)."""
@@ -162,26 +159,22 @@ def _band_keys(item, num_perm: int, seed: int, bands: int):
 
 
 def _payload(item):
-    """What verification needs of an item: (id, (ITEM, (packed shingles, rank, span)))."""
-    return item[0], (ITEM, (dedup.pack(item[1]), item[2], item[4]))
-
-
-def _bucket_pairs(kv):
-    """A bucket -> its candidate pairs, keyed by their first member."""
-    return [(a, (PAIR, b)) for a, b in dedup.candidate_pairs(kv[1])]
+    """What verification needs of an item: (id, (packed shingles, rank, span))."""
+    return item[0], (dedup.pack(item[1]), item[2], item[4])
 
 
 def _first_halves(kv):
-    """An item with the partners it was paired with (in any band) -> (partner, (HALF, (id, payload))) once per
-    partner: every candidate pair reaches its second member with the first member's shingles."""
-    a, values = kv
-    payload = next(v for tag, v in values if tag == ITEM)
-    for b in sorted({v for tag, v in values if tag == PAIR}):
-        yield b, (HALF, (a, payload))
+    """An item with the partners it was paired with (in any band) -> (partner, (id, payload)) once per partner:
+    every candidate pair reaches its second member with the first member's shingles."""
+    a, joined = kv
+    for payload in joined["item"]:
+        for b in sorted(set(joined["pair"])):
+            yield b, (a, payload)
 
 
 class _VerifyPairs(beam.DoFn):
-    """(b, [b's payload, (a, a's payload) per candidate pair]) -> verified edges (a, rank a, b, rank b)."""
+    """(b, {item: [b's payload], half: [(a, a's payload) per candidate pair]}) -> verified edges
+    (a, rank a, b, rank b)."""
 
     def __init__(self, threshold: float, span_iou: float | None) -> None:
         self.threshold = threshold
@@ -189,23 +182,21 @@ class _VerifyPairs(beam.DoFn):
         self.pairs = Metrics.counter(NS, "dedup_candidate_pairs")
 
     def process(self, kv):
-        b, values = kv
-        halves = [v for tag, v in values if tag == HALF]
-        if not halves:
-            return
-        blob_b, rank_b, span_b = next(v for tag, v in values if tag == ITEM)
-        shingles_b = set(dedup.unpack(blob_b))
-        for a, (blob_a, rank_a, span_a) in sorted(halves):
-            self.pairs.inc()
-            if dedup.jaccard(dedup.unpack(blob_a), shingles_b) < self.threshold:
-                continue
-            if self.span_iou is not None:
-                from beam_jobs.text_bias import SCALE, iou
-
-                if iou((span_a[0] / SCALE, span_a[1] / SCALE),
-                       (span_b[0] / SCALE, span_b[1] / SCALE)) < self.span_iou:
+        b, joined = kv
+        halves = sorted(joined["half"])
+        for blob_b, rank_b, span_b in joined["item"] if halves else ():
+            shingles_b = set(dedup.unpack(blob_b))
+            for a, (blob_a, rank_a, span_a) in halves:
+                self.pairs.inc()
+                if dedup.jaccard(dedup.unpack(blob_a), shingles_b) < self.threshold:
                     continue
-            yield (a, rank_a, b, rank_b)
+                if self.span_iou is not None:
+                    from beam_jobs.text_bias import SCALE, iou
+
+                    if iou((span_a[0] / SCALE, span_a[1] / SCALE),
+                           (span_b[0] / SCALE, span_b[1] / SCALE)) < self.span_iou:
+                        continue
+                yield (a, rank_a, b, rank_b)
 
 
 def _resolve(edges):
@@ -235,12 +226,12 @@ class NearDuplicates(beam.PTransform):
         pairs = (items
                  | "BandKeys" >> beam.FlatMap(_band_keys, c.num_perm, c.seed, c.bands)
                  | "GroupBands" >> beam.GroupByKey()
-                 | "CandidatePairs" >> beam.FlatMap(_bucket_pairs))
-        halves = ((payloads, pairs) | "PairsWithFirst" >> beam.Flatten()
-                  | "ByFirst" >> beam.GroupByKey()
+                 | "CandidatePairs" >> beam.FlatMap(lambda kv: dedup.candidate_pairs(kv[1])))  # (first, second)
+        halves = ({"item": payloads, "pair": pairs}
+                  | "ByFirst" >> beam.CoGroupByKey()
                   | "FirstHalves" >> beam.FlatMap(_first_halves))
-        return ((payloads, halves) | "PairsWithSecond" >> beam.Flatten()
-                | "BySecond" >> beam.GroupByKey()
+        return ({"item": payloads, "half": halves}
+                | "BySecond" >> beam.CoGroupByKey()
                 | "Verify" >> beam.ParDo(_VerifyPairs(self.threshold, self.span_iou))
                 | "OneKey" >> beam.Map(lambda edge: (None, edge))
                 | "GatherEdges" >> beam.GroupByKey()

@@ -28,10 +28,10 @@ class ScenesConfig(Section):
     min_scene_len_s: float = Field(0.5, ge=0)
     """Shortest scene: cuts closer than this to the previous cut are merged (PySceneDetect min_scene_len)."""
     min_changed_fraction: float = Field(0.0, ge=0, le=1)
-    """`batched` engine: a frame is a cut only if this share of its 16x16 thumbnail cells also changed by
-    `threshold` or more (0 = plain ContentDetector). A cut changes most of the frame; a large object appearing on
-    a still scene lifts the mean change as much but moves few cells (default corpus: cuts >= 0.66, such frames
-    <= 0.38)."""
+    """`batched` engine: a frame is a cut only if this share of its detection-frame cells (the 16x16 thumbnails
+    by default) also changed by `threshold` or more (0 = plain ContentDetector). A cut changes most of the frame;
+    a large object appearing on a still scene lifts the mean change as much but moves few cells (default corpus:
+    cuts >= 0.66, such frames <= 0.38)."""
     gradual: bool = True
     """Also detect gradual transitions (dissolves, fades) with a twin-comparison detector."""
     gradual_reach_s: float = Field(0.5, gt=0)
@@ -41,9 +41,9 @@ class ScenesConfig(Section):
 
     @model_validator(mode="after")
     def _gate_needs_batched(self) -> "ScenesConfig":
-        if self.min_changed_fraction > 0 and (self.engine != "batched" or self.detect_size > 16):
-            raise ValueError("min_changed_fraction applies to the batched engine on the 16x16 thumbnails "
-                             "(engine: batched, detect_size: 16); set it to 0 for the other settings")
+        if self.min_changed_fraction > 0 and self.engine != "batched":
+            raise ValueError("min_changed_fraction needs engine: batched (PySceneDetect's own ContentDetector has "
+                             "no such gate); set it to 0 with engine: pyscenedetect")
         return self
 
 
