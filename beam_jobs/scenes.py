@@ -85,19 +85,27 @@ class ContentCuts:
 
 
 def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_frames: int = 1,
-                        hard_cuts: Sequence[int] = ()) -> list[tuple[int, int]]:
+                        hard_cuts: Sequence[int] = (), min_changed: float = 0.0) -> list[tuple[int, int]]:
     """Slow scene changes: frames i where thumbnails `reach` frames before and after differ by >= `high`
-    (mean absolute difference of colour thumbnails). Runs of >= `min_frames` such frames form one region; a region that holds a hard cut
-    is that cut's footprint (or a dissolve the cut detector already marked), the others are gradual
-    transitions, returned as (first, last) frame spans. Object motion moves few pixels: it stays below `high`."""
+    (mean absolute difference of colour thumbnails) and, with `min_changed` > 0, where at least that share of
+    the thumbnail cells changed by `high` or more per channel (summed over B, G, R: >= 3 x high). Runs of >= `min_frames`
+    such frames form one region; a region that holds a hard cut is that cut's footprint (or a dissolve the cut
+    detector already marked), the others are gradual transitions, returned as (first, last) frame spans.
+    A dissolve or fade changes the whole frame; a large object appearing or moving on a still scene lifts the
+    mean change as much but over few cells. Without the share test its frames are hot too: they make false
+    transitions, and when they run into a dissolve (or a cut) the merged region's middle misses the dissolve
+    (default corpus: 78 of 776 dissolves missed and 746 false regions without it, 1 and 0 with 0.5)."""
     n = len(thumbs)
     if n < 3:
         return []
     t = thumbs.astype(np.int16)
     lo = np.clip(np.arange(n) - reach, 0, n - 1)
     hi = np.clip(np.arange(n) + reach, 0, n - 1)
-    dist = np.abs(t[hi] - t[lo]).reshape(n, -1).mean(axis=1)
-    hot = dist >= high
+    diff = np.abs(t[hi] - t[lo])
+    hot = diff.reshape(n, -1).mean(axis=1) >= high
+    if min_changed > 0:  # per cell: summed over the colour channels
+        channels = t.shape[3] if t.ndim == 4 else 1
+        hot &= (diff.reshape(n, -1, channels).sum(axis=2) >= channels * high).mean(axis=1) >= min_changed
     cuts = sorted(hard_cuts)
     spans, i = [], 0
     while i < n:

@@ -33,7 +33,8 @@ def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
     sc = cfg.scenes
     reach = max(1, round(sc.gradual_reach_s * video.fps))
     gradual = (gradual_transitions(video.thumbs, reach=reach, high=sc.gradual_threshold, min_frames=reach,
-                                   hard_cuts=video.hard_cuts) if sc.gradual else [])
+                                   hard_cuts=video.hard_cuts, min_changed=sc.gradual_min_changed_fraction)
+               if sc.gradual else [])
     return scene_boundaries(video.hard_cuts, gradual, video.fps)
 
 

@@ -76,6 +76,23 @@ def test_gradual_transition_is_found_inside_its_span(tmp_path, write_video):
     assert bounds and all(32 / 8 <= b <= 48 / 8 for b in bounds)  # found within the dissolve, nowhere else
 
 
+def test_object_moving_on_a_still_scene_is_not_a_gradual_transition():
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(2))
+    thumbs = [a] * 20 + [((1 - k / 9) * a + k / 9 * b).astype(np.uint8) for k in range(1, 9)] + [b] * 60
+    for i in range(28, 60):  # right after the dissolve (frames 20-27) a big red square crosses scene b
+        thumbs[i] = b.copy()
+        thumbs[i][4:11, (i - 28) % 10:(i - 28) % 10 + 7] = (0, 0, 255)
+    thumbs = np.stack(thumbs)
+    got = {gate: scenes.gradual_transitions(thumbs, reach=4, high=15.0, min_frames=4, min_changed=gate)
+           for gate in (0.0, 0.5)}
+    # Without the share test the object's jumps and its exit are transitions too; with it only the dissolve is
+    # left, its middle inside frames 20-27.
+    outside = [s for s in got[0.0] if not 20 <= sum(s) / 2 <= 28]
+    assert len(got[0.0]) - len(outside) == 1 and len(outside) >= 2, got
+    assert len(got[0.5]) == 1 and 20 <= sum(got[0.5][0]) / 2 <= 28, got
+
+
 def test_windows_cut_at_scene_bounds_outside_moments():
     bounds = [8.0, 14.0, 22.0, 35.0]
     assert scenes.plan_windows(20.0, bounds, 30.0) == [(0.0, 20.0)]

@@ -210,3 +210,14 @@ def test_unwritable_out_dir_is_a_one_line_error(tmp_path, corpus_config):
         build_corpus(corpus_config(tmp_path / "afile" / "corpus", n_videos=1))
     with pytest.raises(VTGError, match="build the corpus first"):
         load_ground_truth(tmp_path)
+
+
+def test_blur_defect_scales_with_the_frame_size():
+    """The job scores blur at one analysis size (56 px): a blur of fixed source pixels would fade away on larger
+    videos (sigma 6 at 448 px is 0.75 px at 56 px: 4 blurred 448-px videos were kept as sharp)."""
+    from vtg.config import CorpusConfig
+    from vtg.corpus.plan import plan_defect_video
+
+    sigmas = {size: plan_defect_video(CorpusConfig(width=size, height=size), 0, "blurred", [])["defect"]["sigma"]
+              for size in (112, 224, 448)}
+    assert sigmas == {112: 6.0, 224: 12.0, 448: 24.0}

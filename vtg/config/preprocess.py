@@ -38,6 +38,11 @@ class ScenesConfig(Section):
     """Gradual detector compares frames this far before and after each frame (about half a dissolve)."""
     gradual_threshold: float = Field(15.0, gt=0)
     """Mean absolute change (0-255, 16x16 colour thumbnails) across the reach that marks a gradual transition."""
+    gradual_min_changed_fraction: float = Field(0.0, ge=0, le=1)
+    """A gradual transition must also change this share of the 16x16 thumbnail cells by `gradual_threshold` or
+    more across the reach (0 = no such test). A dissolve or fade changes the whole frame; a large object
+    appearing or moving lifts the mean change over few cells (default corpus: dissolves found 89.9% -> 99.9%,
+    false transitions 746 -> 0 with 0.5)."""
 
     @model_validator(mode="after")
     def _gate_needs_batched(self) -> "ScenesConfig":

@@ -204,7 +204,7 @@ def plan_defect_video(cfg: CorpusConfig, index: int, kind: str, clean: list[dict
         e["end_overrun_s"] = 0.0
     params: dict = {"kind": kind}
     if kind == "blurred":
-        params["sigma"] = 6.0
+        params["sigma"] = round(6.0 * min(cfg.width, cfg.height) / 112, 3)  # the same blur at every frame size
     elif kind == "dark":
         params["gain"] = 0.12
     elif kind == "low_res":
