@@ -85,18 +85,23 @@ def test_scene_cuts_against_ground_truth(corpus_run):
 
 def test_hard_cuts_on_the_default_corpus_settings(tmp_path):
     """The default corpus (params.yaml: large objects on plain scenes) makes objects appear abruptly; with plain
-    ContentDetector those appearances were cuts (F1 0.65 on the 1200-video default). The job's settings must not."""
+    ContentDetector those appearances were cuts (F1 0.65 on the 1200-video default), and without the gradual
+    detector's share test they were transitions too (dissolves found 90%). The job's settings must not."""
     params = load_config(REPO / "params.yaml", None, [f"corpus.out_dir={tmp_path / 'c'}", "corpus.n_videos=24",
                                                       "corpus.workers=1", "corpus.defect_fraction=0"])
     build_corpus(params.corpus)
-    tp = fp = fn = 0
+    tp = fp = fn = found = gradual = 0
     for v in load_truth(tmp_path / "c")["videos"]:
         video = decode(str(tmp_path / "c" / v["path"]), params.preprocess)
         spans = v["gradual_transitions"]
         hard = [c for c in video.hard_cuts if not any(a - 1 <= c <= b + 1 for a, b in spans)]
         t, p, n = cut_f1(hard, v["hard_cuts"], tol=1)
         tp, fp, fn = tp + t, fp + p, fn + n
+        bounds = [round(b * v["fps"]) for b in detect_scenes(video, params.preprocess)]
+        gradual += len(spans)
+        found += sum(any(a <= x <= b + 1 for x in bounds) for a, b in spans)
     assert tp >= 10 and 2 * tp / (2 * tp + fp + fn) >= 0.95, (tp, fp, fn)
+    assert gradual >= 5 and found >= 0.9 * gradual, (found, gradual)
 
 
 def test_shards_read_back_without_leakage(corpus_run):
