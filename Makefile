@@ -45,6 +45,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
+# Every benchmark in benchmarks/ (prints ratios against baselines measured in the same run; ~30 min here).
+bench: setup
+	set -e; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+
 dry-run: setup
 	$(PY) -m vtg.config $(ARGS)
 

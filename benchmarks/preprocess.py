@@ -1,6 +1,7 @@
-"""Preprocess speed: `python benchmarks/preprocess.py [--n-videos 1200] [--size PX] [--corpus DIR] [beam options]`.
+"""Preprocess speed: `python benchmarks/preprocess.py [--n-videos 1200] [--size PX ...] [--corpus DIR] [beam options]`.
 
-On the same videos in one run, measures source-video seconds processed per wall second for
+For each frame size (default: the params.yaml corpus at 112 px, then the same corpus at 448 px), on the same
+videos in one run, measures source-video seconds processed per wall second for
   1. OpenCV decode-only (every frame read into a reused buffer, nothing else; one process), twice over: with
      OpenCV's default decoder threading (FFmpeg frame threads, one per CPU: what a plain `cv2.VideoCapture`
      loop and PySceneDetect get) and single-threaded (`CAP_PROP_N_THREADS=1`, what the job uses: on small
@@ -18,14 +19,15 @@ and prints the job's speed as ratios of the baselines (targets: >= 1x detect(), 
 (whole job, wall clock) and, because the baselines use one process and the job N worker processes, also per
 worker (raw / N); the ratio to the default-threading decode is printed too. The machine's load average is
 printed: on a shared machine every number moves with it.
-The corpus is built (`vtg.corpus`, params.yaml corpus section with `corpus.n_videos=N`) and ingested
-(`vtg.ingest`) into a temp dir unless --corpus is given.
+Each corpus is built (`vtg.corpus`, params.yaml corpus section with `corpus.n_videos=N` and the frame size) and
+ingested (`vtg.ingest`) into a temp dir unless --corpus is given. A summary table per frame size closes the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import tempfile
 import time
@@ -101,20 +103,8 @@ def job_workers(cfg, beam_argv: list[str]) -> int:
     return int(opts.get("direct_num_workers") or 1) or (os.cpu_count() or 1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n-videos", type=int, default=1200,
-                    help="clean videos in the built corpus (default: the params.yaml corpus size; a small corpus "
-                         "is dominated by Beam's fixed start-up)")
-    ap.add_argument("--size", type=int, default=None,
-                    help="frame side of the built corpus's videos (default: params.yaml, 112 px; decoding a 112-px "
-                         "frame costs ~25 us, so the job's fixed per-frame work weighs more than on larger videos)")
-    ap.add_argument("--corpus", default=None, help="use this built corpus directory instead of building one")
-    ap.add_argument("--params", default="params.yaml")
-    args, beam_argv = ap.parse_known_args()
-    logging.disable(logging.WARNING)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cv2.setNumThreads(1)  # all measure one thread per process (the job's workers set the same)
+def measure(args, size: int | None, beam_argv: list[str]) -> dict:
+    """Every measurement of the docstring on one corpus (built at frame side `size`, or --corpus); prints them."""
     tmp = Path(tempfile.mkdtemp(prefix="vtg-bench-pp-"))
     corpus = Path(args.corpus) if args.corpus else tmp / "corpus"
     over = [f"corpus.out_dir={corpus}", f"corpus.n_videos={args.n_videos}",
@@ -122,13 +112,13 @@ def main() -> None:
             f"ingest.out={tmp}/records.jsonl", f"ingest.dead_letter={tmp}/ingest_dead.jsonl",
             f"ingest.summary={tmp}/ingest_summary.json", f"preprocess.records={tmp}/records.jsonl",
             f"preprocess.out_dir={tmp}/shards", "preprocess.progress=false",
-            *([f"corpus.width={args.size}", f"corpus.height={args.size}"] if args.size else [])]
+            *([f"corpus.width={size}", f"corpus.height={size}"] if size else [])]
     cfg = load_config(args.params, None, over)
     if not args.corpus:
         from vtg.corpus import build_corpus
 
         _, t = timed(build_corpus, cfg.corpus)
-        print(f"built corpus ({args.n_videos} clean videos, {cfg.corpus.width}x{cfg.corpus.height} px) in {t:.1f} s")
+        print(f"\nbuilt corpus ({args.n_videos} clean videos, {cfg.corpus.width}x{cfg.corpus.height} px) in {t:.1f} s")
     from vtg.ingest import ingest
 
     ingest(cfg.ingest)
@@ -139,6 +129,9 @@ def main() -> None:
     (tmp / "one.jsonl").write_text(one.model_dump_json() + "\n")
     cfg_one = load_config(args.params, None, [*over, f"preprocess.records={tmp}/one.jsonl",
                                               f"preprocess.out_dir={tmp}/shards_one"])
+    cap = cv2.VideoCapture(readable[0])
+    frame_px = f"{int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}x{int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))} px"
+    cap.release()
     load = [os.getloadavg()[0]]
 
     decode = {0: [], 1: []}  # decoder threads -> wall seconds of each run
@@ -157,12 +150,12 @@ def main() -> None:
     load.append(os.getloadavg()[0])
     t_decode, t_decode_default = min(min(v) for v in decode.values()), min(decode[0])
     one_s = one.duration_s
-    t_steady = max(1e-9, t_job - t_fixed)
+    t_steady = t_job - t_fixed if t_job - t_fixed > 0.05 * t_job else math.nan  # nan: the corpus is too small
     workers = job_workers(cfg, beam_argv)
     times = {"opencv decode-only": t_decode, "pyscenedetect detect()": t_detect,
              "job core, 1 process": t_core, "preprocess job": t_job}
     rates = {name: video_s / t for name, t in times.items()}
-    print(f"{len(paths)} videos ({len(readable)} decodable), {video_s:.0f} s of source video, "
+    print(f"{len(paths)} videos ({len(readable)} decodable, first one {frame_px}), {video_s:.0f} s of source video, "
           f"{os.cpu_count()} CPUs, load average {min(load):.1f}-{max(load):.1f} during the run, "
           f"options {beam_argv or '(runner profile)'}")
     runs = "; ".join(f"{'default threads' if k == 0 else f'{k} thread'}: " + ", ".join(f"{t:.2f} s" for t in v)
@@ -185,6 +178,36 @@ def main() -> None:
     print(f"core / detect()    = {core / det:.2f}x, core / decode-only = {core / dec:.2f}x  "
           f"(the per-video work in 1 process, without Beam)")
     print(f"records: {manifest['records']}")
+    return {"frames": frame_px, "videos": len(readable), "video_s": video_s, "job": t_job, "fixed": t_fixed,
+            "detect": t_detect, "decode": t_decode, "decode_default": t_decode_default,
+            "vs_detect": job / det, "vs_decode": job / dec, "steady_vs_decode": steady / dec}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-videos", type=int, default=1200,
+                    help="clean videos in each built corpus (default: the params.yaml corpus size; a small corpus "
+                         "is dominated by Beam's fixed start-up)")
+    ap.add_argument("--size", type=int, nargs="+", default=[0, 448], metavar="PX",
+                    help="frame sides of the built corpora, one measurement each (default: 0 448; 0 = params.yaml, "
+                         "112 px). A 112-px frame decodes in ~25 us, so the job's fixed per-frame work (a thumbnail "
+                         "of every frame, candidates, blur scores) weighs several times the decode there; 448 px is "
+                         "about the size of real 360p-480p video")
+    ap.add_argument("--corpus", default=None, help="measure this built corpus directory instead (ignores --size)")
+    ap.add_argument("--params", default="params.yaml")
+    args, beam_argv = ap.parse_known_args()
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    cv2.setNumThreads(1)  # all measure one thread per process (the job's workers set the same)
+    sizes = [None] if args.corpus else [s or None for s in args.size]
+    results = [measure(args, size, beam_argv) for size in sizes]
+    print("\nsummary (targets: job >= 1x detect(), >= 0.5x decode-only; decode-only: the fastest threading)")
+    print(f"{'frames':>12s} {'videos':>6s} {'video-h':>7s} {'job s':>6s} {'start-up':>8s} {'detect s':>8s} "
+          f"{'decode s':>8s} {'/detect':>7s} {'/decode':>7s} {'steady':>6s}")
+    for r in results:
+        print(f"{r['frames']:>12s} {r['videos']:6d} {r['video_s'] / 3600:7.2f} {r['job']:6.1f} {r['fixed']:8.1f} "
+              f"{r['detect']:8.1f} {r['decode']:8.1f} {r['vs_detect']:6.2f}x {r['vs_decode']:6.2f}x "
+              f"{r['steady_vs_decode']:5.2f}x")
 
 
 if __name__ == "__main__":
