@@ -175,11 +175,13 @@ def decode_video(
 
 def prescale_halvings(w: int, h: int, target: int) -> int:
     """How many times a w x h frame is halved (INTER_AREA, exact 2x2 means) before its area resizes to `target`
-    px and below: while both sides are even and the halved shorter side stays >= 4 x target. OpenCV's INTER_AREA
-    by a large integer factor takes a slow generic path (448 -> 16 px: 300 us, 1.7x the frame's decode), its 2x
-    path is fast (78 us); frames under 8 x target (the 112-px default corpus) are resized in one step as before."""
+    px and below: while both sides are even and the halved shorter side stays >= 2 x target. OpenCV's INTER_AREA
+    by a large factor is slow (448 -> 16 px: ~535 us, 224 -> 16 or 56: ~105 us, more than a 448-px frame's
+    decode of ~195 us) while its 2x path and small integer factors are fast (448 -> 224: ~135 us, 224 -> 112:
+    ~36 us, 112 -> 16: ~26 us, 112 -> 56: ~11 us). Frames under 4 x target (the 112-px default corpus and its
+    near-duplicate copies) are resized in one step."""
     n = 0
-    while w % 2 == 0 and h % 2 == 0 and min(w, h) // 2 >= 4 * target:
+    while w % 2 == 0 and h % 2 == 0 and min(w, h) // 2 >= 2 * target:
         w, h, n = w // 2, h // 2, n + 1
     return n
 

@@ -36,9 +36,10 @@ def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path, write_video
 
 
 def test_large_frames_are_halved_first_and_still_find_the_cuts(tmp_path, write_video):
-    assert [probe.prescale_halvings(s, s, 56) for s in (84, 112, 140, 446, 448, 900)] == [0, 0, 0, 0, 1, 2]
-    assert probe.prescale_halvings(1920, 1080, 56) == 2 and probe.prescale_halvings(450, 451, 56) == 0
-    assert probe.prescale_halvings(224, 224, 28) == 1  # 224 -> 112 first, then the area resizes to 28 and 16
+    assert [probe.prescale_halvings(s, s, 56) for s in (84, 112, 140, 222, 224, 446, 448, 900)] == \
+        [0, 0, 0, 0, 1, 1, 2, 2]
+    assert probe.prescale_halvings(1920, 1080, 56) == 3 and probe.prescale_halvings(450, 451, 56) == 0
+    assert probe.prescale_halvings(224, 224, 28) == 2  # 224 -> 112 -> 56 first, then the area resizes to 28 and 16
     cuts = write_video(tmp_path / "big.mp4", [(1, 20), (2, 20), (3, 16)], size=224)
     v = decode_video(str(tmp_path / "big.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
     assert v.hard_cuts == cuts == [20, 40]
