@@ -137,3 +137,37 @@ def test_rerun_with_multiprocessing_is_byte_identical(corpus_run):
     assert files == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     match, mismatch, errors = filecmp.cmpfiles(a, b, files, shallow=False)
     assert not mismatch and not errors and len(match) == len(files) > 3
+
+
+@pytest.mark.slow
+def test_large_frames_meet_the_same_targets(tmp_path):
+    """448-px videos (about real 360p-480p video) take the halving path (448 -> 224 -> 112 before the area resizes)
+    and score blur at the same 56-px analysis size: every defect still dropped with its reason, near-duplicates
+    (re-encoded at 336-560 px) still clustered, cuts still found."""
+    corpus = tmp_path / "c"
+    params = load_config(REPO / "params.yaml", None, [
+        f"corpus.out_dir={corpus}", "corpus.n_videos=12", "corpus.workers=1", "corpus.width=448",
+        "corpus.height=448", "corpus.defect_fraction=0.5", f"preprocess.records={tmp_path / 'records.jsonl'}",
+        f"preprocess.out_dir={tmp_path / 'shards'}", "preprocess.progress=false"])
+    build_corpus(params.corpus)
+    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
+                        out=str(tmp_path / "records.jsonl"), dead_letter=str(tmp_path / "ingest_dead.jsonl"),
+                        summary=str(tmp_path / "ingest_summary.json")))
+    manifest = run(params, IN_PROCESS, show=False)
+    m = measure(corpus, tmp_path / "shards", params.preprocess.text_bias.iou_threshold)
+    right, total = m["quality_right"]
+    assert total >= 3 and right == total, m
+    assert m["clean_quality_dropped"][0] == 0 and m["unreadable_dead"][0] == m["unreadable_dead"][1] > 0, m
+    hit, total = m["video_dup_recall"]
+    assert total >= 1 and hit == total and m["video_dup_false"] == 0, m
+    rec = manifest["records"]
+    assert rec["inputs"] == rec["kept"] + rec["filtered"] + rec["failed"] and rec["kept"] > 0
+    tp = fp = fn = 0
+    for v in load_truth(corpus)["videos"]:
+        if v["defect"]["kind"] == "none":
+            video = decode(str(corpus / v["path"]), params.preprocess)
+            spans = v["gradual_transitions"]  # a cut found inside a dissolve marks the dissolve
+            hard = [c for c in video.hard_cuts if not any(a - 1 <= c <= b + 1 for a, b in spans)]
+            t, p, n = cut_f1(hard, v["hard_cuts"], tol=1)
+            tp, fp, fn = tp + t, fp + p, fn + n
+    assert tp >= 5 and 2 * tp / (2 * tp + fp + fn) >= 0.95, (tp, fp, fn)
