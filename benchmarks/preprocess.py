@@ -20,7 +20,7 @@ and prints the job's speed as ratios of the baselines (targets: >= 1x detect(), 
 worker (raw / N); the ratio to the default-threading decode is printed too. The machine's load average is
 printed: on a shared machine every number moves with it.
 Each corpus is built (`vtg.corpus`, params.yaml corpus section with `corpus.n_videos=N` and the frame size) and
-ingested (`vtg.ingest`) into a temp dir unless --corpus is given. A summary table per frame size closes the run.
+ingested (`vtg.ingest`) into a temp dir unless --corpus is given. A summary table, one row per frame size, closes the run.
 """
 
 from __future__ import annotations
