@@ -43,10 +43,13 @@ class ContentCuts:
             self.cuts.extend(c.frame_num for c in self._det.process_frame(self._last, bgr_small))
             return
         hsv = cv2.cvtColor(bgr_small, cv2.COLOR_BGR2HSV)
-        score = 0.0 if self._prev is None else sum(cv2.mean(cv2.absdiff(hsv, self._prev))[:3]) / 3.0
-        if self.min_changed > 0 and self._prev is not None and score >= self.threshold:
-            cells = cv2.absdiff(hsv, self._prev).reshape(-1, 3).sum(axis=1, dtype=np.int32)
-            score = score if (cells >= 3 * self.threshold).mean() >= self.min_changed else 0.0
+        score = 0.0
+        if self._prev is not None:
+            diff = cv2.absdiff(hsv, self._prev)
+            score = sum(cv2.mean(diff)[:3]) / 3.0
+            if self.min_changed > 0 and score >= self.threshold and \
+                    changed_share(diff.reshape(-1, 3), self.threshold) < self.min_changed:
+                score = 0.0
         self._prev = hsv
         above = score >= self.threshold
         # The filter's state changes only on the first frame, above-threshold frames, or while merging.
@@ -70,7 +73,7 @@ class ContentCuts:
         above = score >= self.threshold
         if self.min_changed > 0:  # and enough of the frame changed: a cut, not an object appearing
             changed = np.zeros(n)
-            changed[1:] = (diff.sum(axis=2, dtype=np.int32) >= 3 * self.threshold).mean(axis=1)
+            changed[1:] = changed_share(diff, self.threshold)
             above &= changed >= self.min_changed
         for i in range(n):
             if i == 0 or above[i] or self._filter._merge_triggered:
@@ -82,6 +85,15 @@ class ContentCuts:
         if self._det is not None and self._last is not None:
             self.cuts.extend(c.frame_num for c in self._det.post_process(self._last))
         return sorted(set(self.cuts))
+
+
+def changed_share(diff: np.ndarray, threshold: float) -> np.ndarray:
+    """Share of the cells that changed by `threshold` or more per channel: `diff` holds absolute changes as
+    (..., cells, channels), a cell's change is summed over its channels and compared with channels x threshold.
+    A cut, dissolve or fade changes most of the frame; a large object appearing or moving on a still scene can
+    lift the mean change as much but over few cells (both gates: `ContentCuts(min_changed=)` and
+    `gradual_transitions(min_changed=)`)."""
+    return (diff.sum(axis=-1, dtype=np.int32) >= diff.shape[-1] * threshold).mean(axis=-1)
 
 
 def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_frames: int = 1,
@@ -103,9 +115,8 @@ def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_fram
     hi = np.clip(np.arange(n) + reach, 0, n - 1)
     diff = np.abs(t[hi] - t[lo])
     hot = diff.reshape(n, -1).mean(axis=1) >= high
-    if min_changed > 0:  # per cell: summed over the colour channels
-        channels = t.shape[3] if t.ndim == 4 else 1
-        hot &= (diff.reshape(n, -1, channels).sum(axis=2) >= channels * high).mean(axis=1) >= min_changed
+    if min_changed > 0:
+        hot &= changed_share(diff.reshape(n, -1, t.shape[3] if t.ndim == 4 else 1), high) >= min_changed
     cuts = sorted(hard_cuts)
     spans, i = [], 0
     while i < n:
