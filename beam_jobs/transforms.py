@@ -184,7 +184,9 @@ class _VerifyPairs(beam.DoFn):
     def process(self, kv):
         b, joined = kv
         halves = sorted(joined["half"])
-        for blob_b, rank_b, span_b in joined["item"] if halves else ():
+        if not halves:  # b was no pair's second member
+            return
+        for blob_b, rank_b, span_b in joined["item"]:
             shingles_b = set(dedup.unpack(blob_b))
             for a, (blob_a, rank_a, span_a) in halves:
                 self.pairs.inc()
