@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from corpus_metrics import measure, read_shards
-from corpus_truth import cut_f1, load_truth
+from corpus_truth import load_truth, scene_counts
 
 from beam_jobs.preprocess import run
 from beam_jobs.probe import decode_video
@@ -28,15 +28,20 @@ def corpus_config(records: Path, out: Path):
                                                     "preprocess.progress=false"])
 
 
+def ingest_corpus(corpus: Path, root: Path) -> Path:
+    """Records ingested from a built corpus's annotation file, like real data, into `root`/records.jsonl."""
+    records = root / "records.jsonl"
+    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
+                        out=str(records), dead_letter=str(root / "ingest_dead.jsonl"),
+                        summary=str(root / "ingest_summary.json")))
+    return records
+
+
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pp_corpus")
     build_corpus(CorpusConfig(out_dir=str(root / "corpus"), **CORPUS))
-    records = root / "records.jsonl"  # ingested from the corpus's annotation file, like real data
-    corpus = root / "corpus"
-    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
-                        out=str(records), dead_letter=str(root / "ingest_dead.jsonl"),
-                        summary=str(root / "ingest_summary.json")))
+    records = ingest_corpus(root / "corpus", root)
     cfg = corpus_config(records, root / "shards")
     manifest = run(cfg, IN_PROCESS, show=False)
     return root, cfg, manifest
@@ -70,14 +75,8 @@ def test_scene_cuts_against_ground_truth(corpus_run):
                              detect_size=cfg.preprocess.scenes.detect_size,
                              cut_threshold=cfg.preprocess.scenes.threshold,
                              min_scene_len_s=cfg.preprocess.scenes.min_scene_len_s)
-        spans = v["gradual_transitions"]
-        hard = [c for c in video.hard_cuts if not any(a - 1 <= c <= b + 1 for a, b in spans)]
-        t, p, n = cut_f1(hard, v["hard_cuts"], tol=1)
-        tp, fp, fn = tp + t, fp + p, fn + n
-        bounds = [round(b * v["fps"]) for b in detect_scenes(video, cfg.preprocess)]
-        for a, b in spans:
-            gradual += 1
-            found += any(a <= x <= b + 1 for x in bounds)
+        t, p, n, f, g = scene_counts(v, video.hard_cuts, detect_scenes(video, cfg.preprocess))
+        tp, fp, fn, found, gradual = tp + t, fp + p, fn + n, found + f, gradual + g
     f1 = 2 * tp / (2 * tp + fp + fn)
     assert f1 >= 0.95, (tp, fp, fn)
     assert gradual >= 5 and found >= 0.9 * gradual, (found, gradual)
@@ -93,13 +92,8 @@ def test_hard_cuts_on_the_default_corpus_settings(tmp_path):
     tp = fp = fn = found = gradual = 0
     for v in load_truth(tmp_path / "c")["videos"]:
         video = decode(str(tmp_path / "c" / v["path"]), params.preprocess)
-        spans = v["gradual_transitions"]
-        hard = [c for c in video.hard_cuts if not any(a - 1 <= c <= b + 1 for a, b in spans)]
-        t, p, n = cut_f1(hard, v["hard_cuts"], tol=1)
-        tp, fp, fn = tp + t, fp + p, fn + n
-        bounds = [round(b * v["fps"]) for b in detect_scenes(video, params.preprocess)]
-        gradual += len(spans)
-        found += sum(any(a <= x <= b + 1 for x in bounds) for a, b in spans)
+        t, p, n, f, g = scene_counts(v, video.hard_cuts, detect_scenes(video, params.preprocess))
+        tp, fp, fn, found, gradual = tp + t, fp + p, fn + n, found + f, gradual + g
     assert tp >= 10 and 2 * tp / (2 * tp + fp + fn) >= 0.95, (tp, fp, fn)
     assert gradual >= 5 and found >= 0.9 * gradual, (found, gradual)
 
@@ -150,9 +144,7 @@ def test_large_frames_meet_the_same_targets(tmp_path):
         "corpus.height=448", "corpus.defect_fraction=0.5", f"preprocess.records={tmp_path / 'records.jsonl'}",
         f"preprocess.out_dir={tmp_path / 'shards'}", "preprocess.progress=false"])
     build_corpus(params.corpus)
-    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
-                        out=str(tmp_path / "records.jsonl"), dead_letter=str(tmp_path / "ingest_dead.jsonl"),
-                        summary=str(tmp_path / "ingest_summary.json")))
+    ingest_corpus(corpus, tmp_path)
     manifest = run(params, IN_PROCESS, show=False)
     m = measure(corpus, tmp_path / "shards", params.preprocess.text_bias.iou_threshold)
     right, total = m["quality_right"]
@@ -166,8 +158,6 @@ def test_large_frames_meet_the_same_targets(tmp_path):
     for v in load_truth(corpus)["videos"]:
         if v["defect"]["kind"] == "none":
             video = decode(str(corpus / v["path"]), params.preprocess)
-            spans = v["gradual_transitions"]  # a cut found inside a dissolve marks the dissolve
-            hard = [c for c in video.hard_cuts if not any(a - 1 <= c <= b + 1 for a, b in spans)]
-            t, p, n = cut_f1(hard, v["hard_cuts"], tol=1)
+            t, p, n, _, _ = scene_counts(v, video.hard_cuts, [])
             tp, fp, fn = tp + t, fp + p, fn + n
     assert tp >= 5 and 2 * tp / (2 * tp + fp + fn) >= 0.95, (tp, fp, fn)
