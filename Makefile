@@ -45,7 +45,8 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
-# Every benchmark in benchmarks/ (prints ratios against baselines measured in the same run; ~30 min here).
+# Every benchmark in benchmarks/ (each prints ratios against baselines measured in the same run; long: the
+# preprocess one alone took ~20 min here, building and measuring 112- and 448-px corpora).
 bench: setup
 	set -e; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
 
