@@ -29,8 +29,9 @@ from beam_jobs.transforms import (
     video_dedup_items,
 )
 from vtg.config.preprocess import PreprocessConfig
+from vtg.shards import MANIFEST
 
-MANIFEST, DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("manifest.json", "dead_letter.jsonl", "filtered.jsonl",
+DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("dead_letter.jsonl", "filtered.jsonl",
                                                      "location_bias.png")
 
 

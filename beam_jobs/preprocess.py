@@ -1,6 +1,6 @@
 """`python -m beam_jobs.preprocess`: canonical records + videos -> WebDataset shards (DESIGN.md §3).
 
-Reads `preprocess.records` (written by `python -m vtg.ingest`), decodes every video once, splits it into
+Reads `preprocess.records` (written by `python -m ingest`), decodes every video once, splits it into
 scene-aligned windows, extracts frames, drops low-quality windows, near-duplicate videos, duplicate and
 text-answerable queries, partitions by video/duplicate cluster, and writes under `preprocess.out_dir`:
   <split>/shard-%06d.tar   WebDataset samples (one window: f000.jpg ... + json), byte-identical on rerun
@@ -23,35 +23,30 @@ import os
 import shutil
 import tempfile
 import threading
-from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_jobs import pipeline, summary
 from beam_jobs.options import pipeline_options
+from vtg import stages
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.config import PipelineConfig
+from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
-from vtg.shards import SPLITS
+from vtg.shards import MANIFEST, SPLITS
 
 log = logging.getLogger("beam_jobs.preprocess")
-# Fields that do not change the shard bytes (paths, runner, decoder threads, display) stay out of the params hash.
-_NOT_CONTENT = {"records", "out_dir", "runner", "runner_profiles", "direct_num_workers", "progress", "decode_threads"}
 
 
 def code_version() -> str:
-    """Digest of the code that decides the shard bytes (this package + the shard contract)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for p in sorted(root.glob("*.py")) + [root.parent / "vtg" / "shards.py", root.parent / "vtg" / "records.py"]:
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()[:12]
+    """Digest of the code that decides the shard bytes: the preprocess stage's code deps in dvc.yaml."""
+    return stages.code_digest("preprocess")
 
 
 def params_hash(cfg: PipelineConfig) -> str:
-    data = cfg.preprocess.model_dump(mode="json", exclude=_NOT_CONTENT)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    """Hash of the preprocess fields that change the shard bytes (fields marked NOT_OUTPUT left out)."""
+    return view_hash(output_view(cfg.preprocess))
 
 
 def _sha256(path: str) -> str:
@@ -82,7 +77,7 @@ def run(cfg: PipelineConfig, beam_argv: list[str] | None = None, test_pipeline: 
     """Run the job and return the manifest (also the entry point tests and orchestration call)."""
     pp = cfg.preprocess
     if not FileSystems.exists(pp.records):
-        raise VTGError(f"{pp.records}: records file not found (run `python -m vtg.ingest` first)")
+        raise VTGError(f"{pp.records}: records file not found (run `python -m ingest` first)")
     _clear_outputs(pp.out_dir)
     lin = lineage(cfg)
     local = "://" not in pp.out_dir
@@ -94,7 +89,7 @@ def run(cfg: PipelineConfig, beam_argv: list[str] | None = None, test_pipeline: 
     finally:
         if progress_dir:
             shutil.rmtree(progress_dir, ignore_errors=True)
-    with FileSystems.open(FileSystems.join(pp.out_dir, pipeline.MANIFEST)) as f:
+    with FileSystems.open(FileSystems.join(pp.out_dir, MANIFEST)) as f:
         manifest = json.loads(f.read())
     rec = manifest["records"]
     assert rec["inputs"] == rec["kept"] + rec["filtered"] + rec["failed"], rec

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome
 from beam_jobs.text_bias import histogram_bins
+from vtg.shards import data_version_of
 
 
 class ReconcileError(AssertionError):
@@ -98,6 +99,7 @@ def build_manifest(*, n_inputs: int, cells: dict[tuple, int], window_events: dic
         samples[s["split"]] += s["samples"]
     return {
         **lineage,
+        "data_version": data_version_of(shards),
         "records": counts,
         "kept_per_split": dict(sorted(by[KEPT].items())),
         "dropped_per_reason": dict(sorted(by[FILTERED].items())),

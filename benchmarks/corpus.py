@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import build_corpus
+from ingest import ingest
 from vtg.config import load_config
-from vtg.corpus import build_corpus
-from vtg.ingest import ingest
 
 
 def tree_sha(root: Path) -> str:

@@ -2,7 +2,7 @@
 
 1. wall time of the `post-training` flow (`python -m flows`, ephemeral Prefect API, MLflow, content keys, the
    embedded evaluator process, the report) vs calling the same stage CLIs directly one after another
-   (corpus, ingest, preprocess, train, then evaluate every checkpoint and the best on test)   -> ratio and seconds
+   (corpus, ingest, preprocess, train, evaluate: the commands dvc.yaml runs)                  -> ratio and seconds
 2. delay from a checkpoint being saved (training's hook) to its evaluation starting (embedded evaluator).
 3. a second flow run with unchanged inputs (every step skipped by content) vs the first.
 
@@ -35,7 +35,7 @@ PY = sys.executable
 STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest",
            "preprocess": "standin_stages.preprocess", "train": "standin_stages.train",
            "evaluate": "standin_stages.evaluate_cli"}
-REAL = {"corpus": "vtg.corpus", "ingest": "vtg.ingest", "preprocess": "beam_jobs.preprocess",
+REAL = {"corpus": "corpus", "ingest": "ingest", "preprocess": "beam_jobs.preprocess",
         "train": "training", "evaluate": "evaluation"}
 
 
@@ -76,12 +76,8 @@ def direct(d: Path, mods: dict[str, str], ov: list[str]) -> float:
     """The same stages, called one after another with no orchestration (what a shell script would do)."""
     env = env_for(d)
     args = ["--params", "params.yaml", *ov]
-    total = sum(timed([PY, "-m", mods[s], *args], d, env) for s in ("corpus", "ingest", "preprocess", "train"))
-    ckpts = sorted(p for p in (d / "checkpoints").glob("step-*") if p.is_dir())
-    for c in ckpts:
-        total += timed([PY, "-m", mods["evaluate"], "--checkpoint", str(c), "--split", "val", *args], d, env)
-    total += timed([PY, "-m", mods["evaluate"], "--checkpoint", str(ckpts[-1]), "--split", "test", *args], d, env)
-    return total
+    stages = ("corpus", "ingest", "preprocess", "train", "evaluate")  # evaluate: every checkpoint on val, best on test
+    return sum(timed([PY, "-m", mods[s], *args], d, env) for s in stages)
 
 
 def flow(d: Path, ov: list[str]) -> float:

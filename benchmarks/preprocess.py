@@ -19,8 +19,8 @@ and prints the job's speed as ratios of the baselines (targets: >= 1x detect(), 
 (whole job, wall clock) and, because the baselines use one process and the job N worker processes, also per
 worker (raw / N); the ratio to the default-threading decode is printed too. The machine's load average is
 printed: on a shared machine every number moves with it.
-Each corpus is built (`vtg.corpus`, params.yaml corpus section with `corpus.n_videos=N` and the frame size) and
-ingested (`vtg.ingest`) into a temp dir unless --corpus is given. A summary table, one row per frame size, closes the run.
+Each corpus is built (`corpus`, params.yaml corpus section with `corpus.n_videos=N` and the frame size) and
+ingested (`ingest`) into a temp dir unless --corpus is given. A summary table, one row per frame size, closes the run.
 """
 
 from __future__ import annotations
@@ -115,11 +115,11 @@ def measure(args, size: int | None, beam_argv: list[str]) -> dict:
             *([f"corpus.width={size}", f"corpus.height={size}"] if size else [])]
     cfg = load_config(args.params, None, over)
     if not args.corpus:
-        from vtg.corpus import build_corpus
+        from corpus import build_corpus
 
         _, t = timed(build_corpus, cfg.corpus)
         print(f"\nbuilt corpus ({args.n_videos} clean videos, {cfg.corpus.width}x{cfg.corpus.height} px) in {t:.1f} s")
-    from vtg.ingest import ingest
+    from ingest import ingest
 
     ingest(cfg.ingest)
     records = read_records(cfg.preprocess.records)

@@ -100,7 +100,7 @@ def write_shards(root: Path, videos: list[dict], name: str) -> Path:
 
 def bench_loader(shards: Path, videos: list[dict], tok, n: int, n_decode: int) -> dict:
     from training.data import StreamSpec, make_loader, resolve_urls
-    from training.processing import VisionParams, answer_text, encode_example
+    from vtg.model.processing import VisionParams, answer_text, encode_example
 
     urls = resolve_urls(str(shards), "train")
     spec = StreamSpec(urls=tuple(urls), seed=0, resampled=True, shuffle_buffer=16, micro_batch_size=1)
@@ -140,9 +140,9 @@ def bench_steps(shards: Path, out_dir: Path, steps: int, tok) -> dict:
 
     from training.data import StreamSpec, make_loader, resolve_urls
     from training.loop import train
-    from training.modeling import load_model_and_tokenizer
-    from training.processing import VisionParams, model_inputs
     from vtg.config import load_config
+    from vtg.model.modeling import load_model_and_tokenizer
+    from vtg.model.processing import VisionParams, model_inputs
 
     repo = Path(__file__).resolve().parents[1]
     warm = 5
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoTokenizer
 
-    from training.tiny import build_tiny_model
+    from vtg.model.tiny import build_tiny_model
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(seed=0))
     result: dict = {"loader": {}}

@@ -1,4 +1,7 @@
-"""`python -m evaluation --checkpoint <dir> --split val|test [KEY=VALUE ...]`: evaluate one checkpoint.
+"""`python -m evaluation [--checkpoint <dir> --split val|test] [KEY=VALUE ...]`: the evaluate stage, or one checkpoint.
+
+Without `--checkpoint` it runs the evaluate stage (`evaluation.stage`: every checkpoint on val, the best by
+`evaluate.select_metric`, then the best on test), which is what `dvc repro` and the flow run.
 
 Runs in its own process (another node than training is fine: it needs only the checkpoint directory and the
 shards). Prints the model's metrics next to the blind baselines and the paths of the outputs.
@@ -35,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         "mIoU and R@1 at IoU thresholds, blind baselines (moment prior, blank frames), an HTML report, an "
         "MLflow run linked to the training run, and the best-checkpoint pointer and registry alias.")
     parser.add_argument("--checkpoint",
-                        help="checkpoint step dir, a `latest`/`best` pointer, or a checkpoint root (-> latest)")
+                        help="checkpoint step dir, a pointer file (`checkpoints/latest`, `reports/eval/best.json`) "
+                             "or a checkpoint root (-> latest). Without it: the whole evaluate stage (every "
+                             "checkpoint under train.out_dir on val, the best on test)")
     parser.add_argument("--split", choices=["val", "test"], default=None,
                         help="split to evaluate (default: evaluate.split)")
     parser.add_argument("--all", action="store_true",
@@ -44,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
     if not args.checkpoint:
-        parser.error("--checkpoint is required (e.g. --checkpoint checkpoints/latest)")
+        from evaluation.stage import run_stage
+
+        out = run_stage(cfg)
+        print(out["summary_markdown"])
+        print(f"best checkpoint: {out['best_checkpoint']} (registry version {out.get('registered_version') or '-'})")
+        return 0
     from evaluation.api import evaluate_checkpoint
 
     targets = [args.checkpoint]
     if args.all:
-        from training.checkpoint import list_checkpoints
+        from vtg.checkpoints import list_checkpoints
 
         targets = list_checkpoints(args.checkpoint)
         if not targets:

@@ -10,7 +10,6 @@ and registry alias.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,17 +17,17 @@ from pathlib import Path
 from evaluation import store, tracking
 from evaluation.core import evaluate_export
 from evaluation.metrics import metric_name
-from evaluation.registry import select_best
+from evaluation.registry import SELECTION_SPLIT, select_best
 from evaluation.report import PLOTS, plot_step_curve, write_report
+from vtg import checkpoints
 from vtg.config import PipelineConfig, load_config
+from vtg.config._base import output_view, view_hash
 from vtg.lineage import file_digest, tree_digest
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
 
-# Settings that do not change what is computed (where it is written, how fast, how it is drawn).
-_NON_SEMANTIC = {"out_dir", "store_dir", "device", "reuse", "report_samples", "batch_size", "split", "registry_alias"}
-PUBLISHED = (store.RESULT_FILE, store.PREDICTIONS_FILE, "report.html", *PLOTS)
+PUBLISHED = (store.PREDICTIONS_FILE, "report.html", *PLOTS)
 STEPS_FILE = "steps.csv"
 
 
@@ -70,8 +69,8 @@ def _metric_names(cfg: PipelineConfig) -> list[str]:
 
 
 def settings_hash(cfg: PipelineConfig) -> str:
-    semantic = cfg.evaluate.model_dump(mode="json", exclude=_NON_SEMANTIC)
-    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:12]
+    """Hash of the evaluate fields that change what is computed (fields marked NOT_OUTPUT left out)."""
+    return view_hash(output_view(cfg.evaluate))
 
 
 def _data_digest(cfg: PipelineConfig, split: str) -> str:
@@ -84,9 +83,8 @@ def _data_digest(cfg: PipelineConfig, split: str) -> str:
 
 
 def _checkpoint_digest(ckpt: Path) -> str:
-    from training.checkpoint import HF_DIR, META_FILE
-
-    return hashlib.sha256(f"{tree_digest(ckpt / HF_DIR)}:{file_digest(ckpt / META_FILE)}".encode()).hexdigest()
+    return hashlib.sha256(f"{tree_digest(checkpoints.export_dir(ckpt))}:{file_digest(ckpt / checkpoints.META_FILE)}"
+                          .encode()).hexdigest()
 
 
 def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
@@ -100,10 +98,8 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
 
 
 def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
-    from training.checkpoint import HF_DIR
-
     ev = cfg.evaluate
-    summary, predictions = evaluate_export(ckpt / HF_DIR, ev, split)  # raises before anything is logged
+    summary, predictions = evaluate_export(checkpoints.export_dir(ckpt), ev, split)  # raises before anything is logged
     result = {**_new_result(ckpt, meta, split, cfg, key, digests), "summary": summary,
               "select_value": summary["model"][ev.select_metric]}
     entry = store.entry_dir(ev.store_dir, split, ckpt.name, key)
@@ -127,15 +123,30 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
     return result
 
 
+def public_metrics(result: dict) -> dict:
+    """metrics.json of the stage outputs: what was measured, on what, and nothing run-specific (no run ids, no
+    absolute paths), so both front doors write the same file for the same checkpoint and data."""
+    s = result["summary"]
+    return {"checkpoint": result["checkpoint_name"], "step": result["step"], "split": result["split"],
+            "data_version": result.get("data_version"), "settings_hash": result["settings_hash"],
+            "select_metric": result["select_metric"], "model": s["model"], "counts": s["counts"],
+            "baselines": {name: {m: v for m, v in b.items() if m != "fit"} for name, b in s["baselines"].items()},
+            "visual_gain": s["visual_gain"]}
+
+
 def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
-    """Stage outputs, step curve, best pointer and registry alias (under the store lock)."""
+    """Stage outputs; on the selection split also the step curve, best pointer and registry alias (under the
+    store lock)."""
     ev = cfg.evaluate
     out = Path(ev.out_dir)
-    metrics = _metric_names(cfg)
     with store.locked(ev.store_dir):
+        store.publish(entry, out, PUBLISHED)
+        store.write_json_atomic(out / store.RESULT_FILE, public_metrics(result))
+        if result["split"] != SELECTION_SPLIT:
+            return {}
+        metrics = _metric_names(cfg)
         runs = store.history(ev.store_dir, result["split"], result["lineage"], result["settings_hash"])
         rows = store.step_rows(runs, metrics, ev.select_metric)
-        store.publish(entry, out, PUBLISHED)
         store.write_steps_csv(out / STEPS_FILE, rows)
         plot_step_curve(rows, metrics, result["summary"]["baselines"], ev.select_metric, out / "step_curve.png")
         return select_best(cfg.tracking, ev, runs)
@@ -144,12 +155,10 @@ def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
 def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
                         cfg: PipelineConfig | None = None) -> EvaluationResult:
     """Evaluate one checkpoint (a step dir, a `latest`/`best` pointer, or a checkpoint root) on `split`."""
-    from training.checkpoint import read_checkpoint_meta, resolve_checkpoint
-
     cfg = cfg or load_config()
     split = split or cfg.evaluate.split
-    meta = read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
-    ckpt = resolve_checkpoint(checkpoint_dir)
+    meta = checkpoints.read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
+    ckpt = checkpoints.resolve_checkpoint(checkpoint_dir)
     digests = (_checkpoint_digest(ckpt), _data_digest(cfg, split))
     key = store.eval_key(digests[0], split, settings_hash(cfg), digests[1])
     with store.locked(cfg.evaluate.store_dir, key):

@@ -57,7 +57,7 @@ def fit_prior_from_train(cfg: EvaluateConfig) -> tuple[tuple[float, float], dict
 
 
 def _load(hf_dir: str | Path, device: str):
-    from training.modeling import load_model_and_tokenizer
+    from vtg.model.modeling import load_model_and_tokenizer
 
     try:
         return load_model_and_tokenizer(hf_dir, device=device)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
-from training.data import member_key
-from vtg.shards import SampleMeta, decode_jpegs
+from vtg.shards import SampleMeta, decode_jpegs, member_key
 
 log = logging.getLogger(__name__)
 

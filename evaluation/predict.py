@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from evaluation.data import EvalExample
-from training.processing import VisionParams, answer_text, collate, encode_example, model_inputs
+from vtg.model.processing import VisionParams, answer_text, collate, encode_example, model_inputs
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Selection happens only on the `val` split (selecting on test would leak it). Among the evaluations of one
 training run (same settings), the best by `evaluate.select_metric` (ties: higher mIoU, then later step) gets
-the `best` pointer (training's `update_best`) and a model version whose source is its HF export, with the alias
+the best-checkpoint pointer (`<evaluate.out_dir>/best.json`, in this stage's own outputs) and a model version whose source is its HF export, with the alias
 `evaluate.registry_alias`. Re-running on the same state changes nothing; a newer training run takes the alias
 once its first checkpoint is evaluated.
 """
@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evaluation.tracking import TAG_CHECKPOINT_DIGEST, TAG_SPLIT, client
+from vtg import checkpoints
 from vtg.config import EvaluateConfig, TrackingConfig
 from vtg.lineage import TAG_CHECKPOINT, TAG_STEP, TAG_TRAIN_RUN
 
 log = logging.getLogger(__name__)
 
 SELECTION_SPLIT = "val"
+HELDOUT_SPLIT = "test"
 
 
 def rank_key(result: dict, select: str) -> tuple[float, float, int]:
@@ -31,16 +33,22 @@ def pick_best(results: Sequence[dict], select: str) -> dict | None:
     return max(results, key=lambda r: rank_key(r, select)) if results else None
 
 
-def update_pointer(best: dict, select: str) -> bool:
-    """Training's `best` pointer in the checkpoint root (skipped when the checkpoint is gone)."""
-    from training.checkpoint import update_best
+def best_pointer(cfg: EvaluateConfig) -> Path:
+    return Path(cfg.out_dir) / checkpoints.BEST_POINTER
 
+
+def update_pointer(cfg: EvaluateConfig, best: dict) -> bool:
+    """Write the best-checkpoint pointer (skipped when the checkpoint is gone). Returns True if it moved."""
     ckpt = Path(best["checkpoint"])
     if not ckpt.is_dir():
         log.warning("best checkpoint %s no longer exists; pointer not moved", ckpt)
         return False
-    # `best` was ranked over every evaluated checkpoint with tie-breaks, so it wins even on an equal value.
-    return update_best(ckpt.parent, ckpt, select, best["summary"]["model"][select], force=True)
+    pointer = best_pointer(cfg)
+    current = checkpoints.read_pointer(pointer)
+    select = cfg.select_metric
+    checkpoints.write_pointer(pointer, ckpt, step=best["step"], metric=select, split=best["split"],
+                              value=best["summary"]["model"][select])
+    return current is None or current["path"] != ckpt.resolve()
 
 
 def register_best(tracking: TrackingConfig, cfg: EvaluateConfig, best: dict) -> str | None:
@@ -62,7 +70,7 @@ def register_best(tracking: TrackingConfig, cfg: EvaluateConfig, best: dict) -> 
         return current.version
     select = cfg.select_metric
     version = c.create_model_version(
-        name, source=str(Path(best["checkpoint"]) / "hf"), run_id=best.get("mlflow_run_id"),
+        name, source=str(checkpoints.export_dir(best["checkpoint"])), run_id=best.get("mlflow_run_id"),
         tags={TAG_CHECKPOINT: best["checkpoint"], TAG_STEP: str(best["step"]),
               TAG_TRAIN_RUN: best.get("train_run_id") or "", TAG_CHECKPOINT_DIGEST: best["checkpoint_digest"],
               TAG_SPLIT: best["split"], "vtg.select_metric": select,
@@ -75,10 +83,13 @@ def register_best(tracking: TrackingConfig, cfg: EvaluateConfig, best: dict) -> 
 
 def select_best(tracking: TrackingConfig, cfg: EvaluateConfig, results: Sequence[dict]) -> dict:
     """Pick the best of `results` (one training run, val split) and move the pointer and the alias to it."""
-    best = pick_best(results, cfg.select_metric)
-    if best is None or best["split"] != SELECTION_SPLIT:
+    if any(r["split"] != SELECTION_SPLIT for r in results):
         return {"best": None, "reason": f"selection happens on {SELECTION_SPLIT} only"}
-    info = {"best": best["checkpoint"], "step": best["step"], "pointer_moved": update_pointer(best, cfg.select_metric)}
+    best = pick_best([r for r in results if Path(r["checkpoint"]).is_dir()], cfg.select_metric)
+    if best is None:
+        return {"best": None, "reason": "no evaluated checkpoint exists any more"}
+    info = {"best": best["checkpoint"], "step": best["step"], "result": best,
+            "pointer_moved": update_pointer(cfg, best)}
     if tracking.enabled:
         info["registered_version"] = register_best(tracking, cfg, best)
     return info

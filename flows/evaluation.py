@@ -18,7 +18,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
 from flows.events import append_jsonl
-from vtg import lineage
+from vtg import checkpoints, lineage
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig, load_config
 from vtg.errors import VTGError
@@ -34,13 +34,13 @@ def results_path(cfg: PipelineConfig) -> Path:
 
 def checkpoint_config(checkpoint_dir: str | Path, params: str = "params.yaml") -> PipelineConfig:
     """The resolved config the checkpoint was trained with (its `config.json`), else params.yaml."""
-    path = Path(checkpoint_dir) / "config.json"
-    if path.is_file():
-        data = json.loads(path.read_text())
+    data = checkpoints.read_config(checkpoint_dir)
+    if data is not None:
         try:
             return PipelineConfig.model_validate(data.get("pipeline", data))
         except ValueError as e:
-            log.warning("%s is not a valid pipeline config (%s); using %s", path, str(e).splitlines()[:3], params)
+            log.warning("%s: its config is not a valid pipeline config (%s); using %s", checkpoint_dir,
+                        str(e).splitlines()[:3], params)
     return load_config(params)
 
 

@@ -1,6 +1,6 @@
 """`python -m flows.lineage TARGET`: print the lineage chain of a model version, an eval run or a checkpoint.
 
-TARGET is a checkpoint directory (a step dir or a `latest`/`best` pointer), an MLflow run id (eval, train or
+TARGET is a checkpoint (a step dir, a pointer file such as `checkpoints/latest` or `reports/eval/best.json`), an MLflow run id (eval, train or
 pipeline run), or a registered model version (`models:/vtg-grounding/3`, `models:/vtg-grounding@best`).
 The chain: source annotations + videos digest -> shard digest (DVC) -> preprocess params -> train run (params,
 commit) -> checkpoint -> eval metrics.
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.tracking import PARENT_TAG, client, experiment_id
+from vtg import checkpoints
 from vtg import lineage as L
 from vtg.cli_common import run_cli
 from vtg.config import load_config
@@ -61,11 +62,9 @@ def start_from(c, target: str) -> tuple[Any, str | None, int | None, str | None]
     """(run, checkpoint path, step, model version) from whatever the user gave."""
     path = Path(target)
     if path.exists():
-        meta_path = path.resolve() / "meta.json"
-        if not meta_path.is_file():
-            raise VTGError(f"{target}: not a complete checkpoint (no meta.json); give a step dir or latest/best")
-        meta = json.loads(meta_path.read_text())
-        return _run(c, meta.get("mlflow_run_id")), str(path.resolve()), int(meta["step"]), None
+        meta = checkpoints.read_checkpoint_meta(path)  # a step dir, a pointer file, or a checkpoint root
+        ckpt = checkpoints.resolve_checkpoint(path)
+        return _run(c, meta.get("mlflow_run_id")), str(ckpt), int(meta["step"]), None
     if m := MODEL_URI.match(target):
         mv = (c.get_model_version(m["name"], m["version"]) if m["version"]
               else c.get_model_version_by_alias(m["name"], m["alias"]))

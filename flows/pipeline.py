@@ -1,9 +1,10 @@
-"""The `post-training` flow: corpus -> ingest -> Beam preprocess -> DVC versioning -> training with every
-checkpoint evaluated while training continues -> held-out evaluation of the best checkpoint -> report.
+"""The `post-training` flow: corpus -> ingest -> Beam preprocess -> DVC push -> training with every
+checkpoint evaluated while training continues -> the evaluate stage (best on val, then held-out test) -> report.
 
 Run it embedded with `python -m flows` (Prefect's ephemeral API, no server), or served with `make serve` and
-`prefect deployment run 'post-training/default'`. Retrying a failed flow run skips every finished step whose
-input content did not change (see `flows.content`).
+`prefect deployment run 'post-training/default'`. The stages are the ones `dvc.yaml` declares; a stage that
+dvc.lock records as done for this config finishes as `Cached` without running (see `vtg.stages`), so a retried
+flow run, a second `make run` and `dvc repro` skip the same finished steps.
 """
 
 from __future__ import annotations
@@ -18,21 +19,19 @@ from prefect import flow, runtime
 from prefect.tasks import exponential_backoff
 
 from flows import tasks, tracking
-from flows.content import StageContent, paths_digest, shard_digest, source_digest, stage_content
-from flows.evaluation import evaluate_checkpoint
 from flows.stages import ConfigArgs
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
+from vtg.shards import data_version
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 ENV_FAIL_FLAG = "VTG_FAIL_AFTER_PREPROCESS_FLAG"  # test hook: fail after preprocessing while this file exists
 
 
-def _run_cached(task_fn, missing_output: str | Path, **kwargs: Any):
-    """Call a content-cached task; if its declared output is gone, run it again instead of trusting the cache."""
-    refresh = not Path(missing_output).exists()
-    return task_fn.with_options(refresh_cache=refresh)(**kwargs) if refresh else task_fn(**kwargs)
+def _call(task_fn, **kwargs: Any) -> dict[str, Any]:
+    """Run a task and return its result (also when it finished as `Cached`, i.e. up to date in dvc.lock)."""
+    return task_fn(**kwargs, return_state=True).result()
 
 
 def _with_retries(task_fn, cfg: PipelineConfig):
@@ -40,11 +39,6 @@ def _with_retries(task_fn, cfg: PipelineConfig):
     o = cfg.orchestration
     delays = exponential_backoff(o.retry_delay_s)(o.task_retries) if o.task_retries else 0
     return task_fn.with_options(retries=o.task_retries, retry_delay_seconds=delays)
-
-
-def _dvc_setup(cfg: PipelineConfig) -> str:
-    o = cfg.orchestration
-    return f"{o.dvc_version}/{o.dvc_remote}/{Path('.dvc').is_dir() and Path('dvc.yaml').is_file()}"
 
 
 def _maybe_inject_failure() -> None:
@@ -89,46 +83,40 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
     stages = summary["stages"]
     common = {"cfg": cfg, "args": args, "parent": parent}
     if cfg.orchestration.build_corpus:
-        stages["corpus"] = _run_cached(tasks.build_corpus, cfg.corpus.out_dir,
-                                       content=stage_content(cfg, "corpus", "", cfg.corpus), **common)
-    src = source_digest(cfg)
-    stages["ingest"] = _run_cached(tasks.ingest, cfg.ingest.out,
-                                   content=stage_content(cfg, "ingest", src, cfg.ingest), **common)
-    records = paths_digest([cfg.preprocess.records])
-    stages["preprocess"] = _run_cached(
-        tasks.preprocess, Path(cfg.preprocess.out_dir) / "manifest.json",
-        content=stage_content(cfg, "preprocess", f"{records}/{src}", cfg.preprocess), **common)
-    shards = shard_digest(cfg)
-    dvc = _with_retries(tasks.version_shards, cfg)(content=StageContent("dvc", _dvc_setup(cfg), shards, ""),
-                               cfg=cfg, args=args)
-    summary.update(source_digest=src, shard_digest=shards, dvc=dvc)
+        stages["corpus"] = _call(tasks.build_corpus, **common)
+    src = lineage.source_digest([*cfg.ingest.annotations, cfg.ingest.video_root])
+    stages["ingest"] = _call(tasks.ingest, source=src, **common)
+    stages["preprocess"] = _call(tasks.preprocess, source=src, **common)
+    version = data_version(cfg.preprocess.out_dir)
+    dvc = _call(_with_retries(tasks.push_shards, cfg), cfg=cfg)
+    summary.update(source_digest=src, data_version=version, dvc=dvc)
     if parent:
         c = tracking.client(cfg)
-        for k, v in {lineage.TAG_SOURCE_DIGEST: src, lineage.TAG_DATA_VERSION: shards,
+        for k, v in {lineage.TAG_SOURCE_DIGEST: src, lineage.TAG_DATA_VERSION: version,
                      "vtg.dvc_md5": dvc.get("dvc_md5") or "-", "vtg.preprocess_run_id":
                      stages["preprocess"].get("mlflow_run_id") or "-"}.items():
             c.set_tag(parent, k, v)
-        tracking.log_shards_input(cfg, [parent], shards, stages["preprocess"].get("manifest", {}))
+        tracking.log_shards_input(cfg, [parent], version, stages["preprocess"].get("manifest", {}))
 
 
 def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
                         summary: dict[str, Any]) -> None:
     queue = Path(cfg.orchestration.state_dir) / f"checkpoint_queue-{flow_run_id}.jsonl"
     queue.parent.mkdir(parents=True, exist_ok=True)
-    trained = _run_cached(tasks.train, Path(cfg.train.out_dir) / "latest",
-                          content=stage_content(cfg, "train", summary["shard_digest"], cfg.train),
-                          cfg=cfg, args=args, parent=parent, flow_run_id=flow_run_id, queue=str(queue))
+    trained = _call(tasks.train, cfg=cfg, args=args, parent=parent, flow_run_id=flow_run_id, queue=str(queue))
     summary["stages"]["train"] = trained
     summary.update(train_run_id=trained.get("train_run_id"), eval_mode=trained.get("eval_mode"))
-    evals = tasks.wait_for_evaluations(cfg, str(queue)) if trained.get("eval_mode") != "off" else []
-    summary["evaluations"] = evals
-    best_dir, best_step = tasks.pick_best(cfg, evals, trained)
-    if not Path(best_dir).is_dir():
-        raise VTGError(f"no checkpoint to evaluate under {cfg.train.out_dir} (training wrote none?)")
-    test = evaluate_checkpoint(checkpoint_dir=best_dir, step=best_step, split="test", parent_run_id=parent or "",
-                               params=args.params)
-    summary.update(best_checkpoint=best_dir, best_step=best_step, test_metrics=test.get("metrics", {}),
-                   test_baselines=test.get("baselines", {}), test_report=test.get("report"))
+    if trained.get("eval_mode") not in (None, "off"):
+        summary["evaluations"] = tasks.wait_for_evaluations(cfg, str(queue))
+    evaluated = _call(_with_retries(tasks.evaluate, cfg), cfg=cfg, args=args, parent=parent)
+    summary["stages"]["evaluate"] = evaluated
+    if not evaluated.get("best_checkpoint"):
+        raise VTGError(f"the evaluate stage chose no best checkpoint under {cfg.train.out_dir} "
+                       f"(see {cfg.evaluate.out_dir})")
+    test = evaluated.get("test") or {}
+    summary.update(best_checkpoint=evaluated["best_checkpoint"], best_step=evaluated.get("best_step"),
+                   test_metrics=test.get("model", {}), test_baselines=test.get("baselines", {}),
+                   evaluation_markdown=evaluated.get("summary_markdown", ""))
 
 
 def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:

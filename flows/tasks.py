@@ -1,14 +1,16 @@
 """Thin Prefect tasks: each resolves its inputs, makes one call into a stage entry point, and records the result.
 
-Steps that produce data are cached by content (`flows.content.CONTENT_KEY`, results persisted), so a retried
-flow run (`prefect flow-run retry`, the UI's Retry) skips every finished step whose inputs did not change.
+Whether a stage must run is not decided here: `vtg.stages.status` compares dvc.lock (deps, outs, and the
+output-changing config fields) with the workspace, exactly as `dvc repro` does; a stage that is up to date
+finishes as `Cached` without running, and a stage that ran is recorded in dvc.lock (`vtg.stages.record`). So a
+retried flow run (`prefect flow-run retry`, the UI's Retry), a second `make run` and `dvc repro` all skip the
+same finished steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,16 +19,18 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from flows import tracking
-from flows.content import CONTENT_KEY, StageContent, shard_digest
 from flows.evaluation import results_path
 from flows.events import append_jsonl
 from flows.stages import ConfigArgs, module_cmd, run_stage, train_cmd
-from vtg import lineage
-from vtg.config import PipelineConfig, config_hash, load_config
+from vtg import checkpoints, lineage, stages
+from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.shards import MANIFEST, data_version
 
 HOOK = "flows.events:on_checkpoint_saved"
 _evaluators: dict[str, subprocess.Popen] = {}  # queue path -> embedded evaluator process (same flow process)
@@ -52,75 +56,91 @@ def _numbers(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _cached_stage(name: str):
-    return task(name=name, cache_policy=CONTENT_KEY, persist_result=True, log_prints=True)
+def _stage_task(name: str):
+    """A stage step. No Prefect cache: whether it is done is dvc.lock's call (`_up_to_date`), for every door."""
+    return task(name=name, log_prints=True, cache_policy=NO_CACHE)
 
 
-@_cached_stage("build-corpus")
-def build_corpus(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
+def _up_to_date(stage: str, cfg: PipelineConfig, result: dict[str, Any], parent: str | None = None,
+                log_run: bool = True):
+    """If dvc.lock says `stage` is done for this config, a `Cached` state carrying `result`; else None.
+
+    A skipped stage still gets its child run under this pipeline run (params, `vtg.status`), so the lineage of
+    every pipeline run is complete whichever door built the outputs."""
+    st = stages.status(stage, cfg)
+    logger = get_run_logger()
+    if not st.up_to_date:
+        logger.info("%s must run: %s", stage, st)
+        return None
+    stages.sync_params(stage, cfg)  # only fields that do not change the output may differ: record params.yaml's
+    logger.info("%s is up to date in %s: not run", stage, stages.LOCK_FILE)
+    if log_run:
+        result = {**result, "mlflow_run_id": tracking.stage_run(
+            cfg, parent, stage, params={stage: getattr(cfg, stage).model_dump(mode="json")},
+            tags={"vtg.status": str(st)})}
+    return Completed(name="Cached", data={**result, "status": "up to date"}, message=str(st))
+
+
+@_stage_task("build-corpus")
+def build_corpus(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
+    if cached := _up_to_date("corpus", cfg, {"out_dir": cfg.corpus.out_dir}, parent):
+        return cached
     r = run_stage("corpus", module_cmd(cfg.orchestration.stages.corpus, args.argv()), on_line=_stream("corpus"))
+    stages.record("corpus", cfg)
     run_id = tracking.stage_run(cfg, parent, "corpus", params={"corpus": cfg.corpus.model_dump(mode="json")},
-                                metrics={"seconds": r.seconds}, tags={lineage.TAG_CONFIG_HASH: content.config})
+                                metrics={"seconds": r.seconds})
     return {"out_dir": cfg.corpus.out_dir, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
-@_cached_stage("ingest-annotations")
-def ingest(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
+@_stage_task("ingest-annotations")
+def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
+    if cached := _up_to_date("ingest", cfg, {"summary": _read_json(cfg.ingest.summary)}, parent):
+        return cached
     r = run_stage("ingest", module_cmd(cfg.orchestration.stages.ingest, args.argv()), on_line=_stream("ingest"))
+    stages.record("ingest", cfg)
     summary = _read_json(cfg.ingest.summary)
     run_id = tracking.stage_run(cfg, parent, "ingest", params={"ingest": cfg.ingest.model_dump(mode="json")},
                                 metrics={**_numbers(summary), "seconds": r.seconds},
-                                tags={lineage.TAG_SOURCE_DIGEST: content.inputs}, artifacts=[cfg.ingest.summary])
+                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[cfg.ingest.summary])
     return {"summary": summary, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
-@_cached_stage("beam-preprocess")
-def preprocess(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
+@_stage_task("beam-preprocess")
+def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
+    out = Path(cfg.preprocess.out_dir)
+    if cached := _up_to_date("preprocess", cfg, {"out_dir": str(out), "manifest": _read_json(out / MANIFEST)},
+                             parent):
+        return cached
     r = run_stage("preprocess", module_cmd(cfg.orchestration.stages.preprocess, args.argv()),
                   on_line=_stream("preprocess"))
-    out = Path(cfg.preprocess.out_dir)
-    manifest = _read_json(out / "manifest.json")
-    digest = shard_digest(cfg)
+    stages.record("preprocess", cfg)
+    manifest = _read_json(out / MANIFEST)
+    version = data_version(out)
     run_id = tracking.stage_run(
         cfg, parent, "preprocess", params={"preprocess": cfg.preprocess.model_dump(mode="json")},
         metrics={**_numbers(manifest), "seconds": r.seconds},
-        tags={lineage.TAG_SOURCE_DIGEST: content.inputs, lineage.TAG_DATA_VERSION: digest,
-              lineage.TAG_CONFIG_HASH: content.config}, artifacts=[out / "manifest.json"])
-    tracking.log_shards_input(cfg, [run_id], digest, manifest)
-    create_markdown_artifact(key="shard-manifest", markdown=manifest_markdown(cfg, manifest, digest),
+        tags={lineage.TAG_SOURCE_DIGEST: source, lineage.TAG_DATA_VERSION: version}, artifacts=[out / MANIFEST])
+    tracking.log_shards_input(cfg, [run_id], version, manifest)
+    create_markdown_artifact(key="shard-manifest", markdown=manifest_markdown(cfg, manifest, version),
                              description="Shards written by the Beam preprocessing job")
-    return {"out_dir": str(out), "manifest": manifest, "shard_digest": digest, "seconds": r.seconds,
-            "mlflow_run_id": run_id}
+    return {"out_dir": str(out), "manifest": manifest, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
-def manifest_markdown(cfg: PipelineConfig, manifest: dict, digest: str) -> str:
+def manifest_markdown(cfg: PipelineConfig, manifest: dict, version: str) -> str:
     rows = [f"| {k} | {json.dumps(v) if isinstance(v, dict | list) else v} |" for k, v in manifest.items()
             if not isinstance(v, list) or len(v) < 20]
-    return "\n".join([f"# Shards `{cfg.preprocess.out_dir}`", f"shard digest: `{digest}`", "",
+    return "\n".join([f"# Shards `{cfg.preprocess.out_dir}`", f"data version: `{version}`", "",
                       "| field | value |", "| --- | --- |", *rows])
 
 
-def _sections_match_params(cfg: PipelineConfig, args: ConfigArgs, sections: tuple[str, ...]) -> bool:
-    base = load_config(args.params)
-    return all(config_hash(getattr(cfg, s)) == config_hash(getattr(base, s)) for s in sections)
-
-
-@task(name="dvc-version-shards", retries=2, retry_delay_seconds=exponential_backoff(5), cache_policy=CONTENT_KEY,
-      persist_result=True)  # retries: orchestration.task_retries (set by the flow)
-def version_shards(content: StageContent, cfg: PipelineConfig, args: ConfigArgs) -> dict:
-    """`dvc commit` the data stages (dvc.lock records the shard md5) and `dvc push` them to the remote."""
-    logger = get_run_logger()
-    data_stages = [s for s in ("corpus", "ingest", "preprocess") if s != "corpus" or cfg.orchestration.build_corpus]
+@task(name="dvc-push-shards", retries=2, retry_delay_seconds=exponential_backoff(5), cache_policy=NO_CACHE)
+def push_shards(cfg: PipelineConfig) -> dict:
+    """`dvc push` the shards (recorded in dvc.lock by the preprocess step) to `orchestration.dvc_remote`."""
     if not cfg.orchestration.dvc_version:
         return {"status": "disabled"}
-    if not (Path(".dvc").is_dir() and Path("dvc.yaml").is_file()):
+    if not stages.is_dvc_repo():
         return {"status": "skipped: not a DVC repository here"}
-    if not _sections_match_params(cfg, args, ("corpus", "ingest", "preprocess")):
-        logger.warning("data sections differ from %s (experiment/overrides): dvc.lock not updated; "
-                       "use `dvc exp run -S ...` to version such data", args.params)
-        return {"status": "skipped: data config differs from params.yaml"}
     dvc = str(Path(sys.executable).with_name("dvc"))
-    run_stage("dvc-commit", [dvc, "commit", "--force", *data_stages], on_line=_stream("dvc"))
     pushed = run_stage("dvc-push", [dvc, "push", "--remote", cfg.orchestration.dvc_remote, "preprocess"],
                        on_line=_stream("dvc"))
     return {"status": "pushed", "remote": cfg.orchestration.dvc_remote, "dvc_md5": dvc_out_md5(cfg),
@@ -130,7 +150,7 @@ def version_shards(content: StageContent, cfg: PipelineConfig, args: ConfigArgs)
 def dvc_out_md5(cfg: PipelineConfig, stage: str = "preprocess") -> str | None:
     import yaml
 
-    lock = Path("dvc.lock")
+    lock = Path(stages.LOCK_FILE)
     if not lock.is_file():
         return None
     outs = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get(stage, {}).get("outs", [])
@@ -181,36 +201,21 @@ def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: 
          "--params", args.params], env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
 
 
-_NON_SEMANTIC_TRAIN = {"resume", "checkpoint_hooks", "progress", "log_every"}
+def _trained(cfg: PipelineConfig) -> dict:
+    latest = checkpoints.latest_checkpoint(cfg.train.out_dir)
+    meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
+    return {"out_dir": cfg.train.out_dir, "latest_checkpoint": str(latest) if latest else None, "meta": meta,
+            "train_run_id": meta.get("mlflow_run_id")}
 
 
-def _train_fingerprint(train_section: dict, data_version: str | None) -> str:
-    kept = {k: v for k, v in train_section.items() if k not in _NON_SEMANTIC_TRAIN}
-    return json.dumps([kept, data_version], sort_keys=True)
+@_stage_task("train-deepspeed")
+def train(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str, queue: str) -> dict:
+    """Launch training; every checkpoint it saves is evaluated concurrently (embedded process or events).
 
-
-def stale_checkpoints(cfg: PipelineConfig) -> str | None:
-    """Why the checkpoints under train.out_dir belong to another run (other train params or data), else None.
-
-    Training resumes from `latest` (exact resume after a crash or a retry); checkpoints of a different
-    configuration must not be resumed, so the flow clears them first, as `dvc repro` clears a stage's outputs."""
-    latest = Path(cfg.train.out_dir) / "latest"
-    if not (latest / "meta.json").is_file():
-        return None
-    old = _read_json(latest / "config.json").get("train", {})
-    meta = _read_json(latest / "meta.json")
-    from training.loop import data_version
-
-    now = _train_fingerprint(cfg.train.model_dump(mode="json"), data_version(cfg.train.shards_dir))
-    if _train_fingerprint(old, meta.get("data_version")) != now:
-        return "different train params or data"
-    return None
-
-
-@_cached_stage("train-deepspeed")
-def train(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
-          queue: str) -> dict:
-    """Launch training; every checkpoint it saves is evaluated concurrently (embedded process or events)."""
+    Training itself decides whether to resume (`latest` of the same trajectory) or to start fresh (then it moves
+    the old checkpoints aside); the flow never deletes checkpoints."""
+    if cached := _up_to_date("train", cfg, {**_trained(cfg), "eval_mode": "off"}, log_run=False):
+        return cached
     logger = get_run_logger()
     mode = eval_mode(cfg)
     env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id, lineage.ENV_CHECKPOINT_QUEUE: queue}
@@ -221,23 +226,15 @@ def train(content: StageContent, cfg: PipelineConfig, args: ConfigArgs, parent: 
     elif mode == "embedded":
         _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent)
     logger.info("per-checkpoint evaluation: %s", mode)
-    if reason := stale_checkpoints(cfg):
-        logger.warning("clearing %s: its checkpoints come from %s (no resume across configs)",
-                       cfg.train.out_dir, reason)
-        shutil.rmtree(cfg.train.out_dir)
-    hooks = list(getattr(cfg.train, "checkpoint_hooks", []) or [])
-    extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks and hasattr(
-        cfg.train, "checkpoint_hooks") else []
+    hooks = list(cfg.train.checkpoint_hooks)
+    extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
     cmd, launch_env = train_cmd(cfg, args.argv(extra))
     try:
         r = run_stage("train", cmd, env={**launch_env, **env}, on_line=_stream("train"))
     finally:
         append_jsonl(queue, {"done": True})
-    out = Path(cfg.train.out_dir)
-    latest = (out / "latest").resolve()
-    meta = _read_json(latest / "meta.json")
-    return {"out_dir": str(out), "latest": str(latest), "meta": meta, "eval_mode": mode, "seconds": r.seconds,
-            "train_run_id": meta.get("mlflow_run_id") or meta.get("run_id")}
+    stages.record("train", cfg)
+    return {**_trained(cfg), "eval_mode": mode, "seconds": r.seconds}
 
 
 @task(name="wait-checkpoint-evals")
@@ -290,18 +287,28 @@ def evaluation_records(cfg: PipelineConfig, expected: list[dict]) -> list[dict]:
     return sorted(seen.values(), key=lambda r: r["step"])
 
 
-def pick_best(cfg: PipelineConfig, evals: list[dict], train_out: dict) -> tuple[str, int]:
-    """The `best` pointer evaluation maintains (by evaluate.select_metric on val), else the best record, else latest."""
-    pointer = Path(cfg.train.out_dir) / "best"
-    meta = _read_json(pointer / "meta.json") if pointer.exists() else {}
-    if meta.get("step") is not None and any(int(e["step"]) == int(meta["step"]) for e in evals):
-        return str(pointer.resolve()), int(meta["step"])
-    metric = cfg.evaluate.select_metric
-    scored = [e for e in evals if metric in e.get("metrics", {}) and Path(e["checkpoint_dir"]).is_dir()]
-    if scored:
-        best = max(scored, key=lambda e: (e["metrics"][metric], e["step"]))
-        return best["checkpoint_dir"], int(best["step"])
-    return train_out["latest"], int(train_out.get("meta", {}).get("step", 0))
+@_stage_task("evaluate-stage")
+def evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
+    """The evaluate stage CLI (`python -m evaluation`): every checkpoint on val (results stored while training
+    ran are reused), the best on test; the same command `dvc repro` runs."""
+    out = Path(cfg.evaluate.out_dir)
+    if cached := _up_to_date("evaluate", cfg, evaluate_outputs(cfg), log_run=False):
+        return cached
+    env = {lineage.ENV_PARENT_RUN_ID: parent} if parent else {}
+    r = run_stage("evaluate", module_cmd(cfg.orchestration.stages.evaluate, args.argv()), env=env,
+                  on_line=_stream("evaluate"))
+    stages.record("evaluate", cfg)
+    return {**evaluate_outputs(cfg), "seconds": r.seconds, "out_dir": str(out)}
+
+
+def evaluate_outputs(cfg: PipelineConfig) -> dict:
+    """What the evaluate stage wrote: the best pointer, the held-out metrics, its summary markdown."""
+    out = Path(cfg.evaluate.out_dir)
+    best = checkpoints.read_pointer(out / checkpoints.BEST_POINTER) or {}
+    summary = out / "summary.md"
+    return {"best_checkpoint": str(best["path"]) if best else None, "best_step": best.get("step"),
+            "test": _read_json(out / "metrics.json"), "summary_markdown": summary.read_text() if summary.is_file()
+            else ""}
 
 
 @task(name="write-report", retries=1, retry_delay_seconds=2)
@@ -320,30 +327,16 @@ def write_report(cfg: PipelineConfig, summary: dict[str, Any]) -> str:
 
 
 def report_markdown(s: dict[str, Any]) -> str:
+    """The pipeline report: lineage and steps from the flow, the evaluation part as the evaluate stage wrote it."""
     lines = ["# Post-training run report", "", "| | |", "| --- | --- |"]
     for k in ("flow_run_id", "mlflow_parent_run_id", "git_commit", "config_hash", "source_digest",
-              "shard_digest", "dvc", "train_run_id", "best_checkpoint", "eval_mode", "seconds"):
+              "data_version", "dvc", "train_run_id", "best_checkpoint", "eval_mode", "seconds"):
         lines.append(f"| {k} | `{s.get(k)}` |")
-    test = s.get("test_metrics") or {}
-    if test:
-        base = s.get("test_baselines") or {}
-        lines += ["", f"## Held-out test metrics of the best checkpoint (`{s.get('best_checkpoint')}`)", "",
-                  f"report: {s.get('test_report') or '-'}", "",
-                  "| metric | model | " + " | ".join(f"blind: {b}" for b in base) + " |",
-                  "| --- | --- |" + " --- |" * len(base)]
-        for k, v in test.items():
-            row = " | ".join(f"{base[b][k]:.4f}" if k in base[b] else "-" for b in base)
-            lines.append(f"| {k} | {v:.4f} | {row} |")
-    evals = s.get("evaluations", [])
-    if evals:
-        keys = sorted({k for e in evals for k in e.get("metrics", {})})
-        lines += ["", "## Per-checkpoint evaluation (val)", "", "| step | " + " | ".join(keys) + " |",
-                  "| --- |" + " --- |" * len(keys)]
-        for e in evals:
-            m = e.get("metrics", {})
-            lines.append(f"| {e['step']} | " + " | ".join(f"{m[k]:.4f}" if k in m else "-" for k in keys) + " |")
-    stages = s.get("stages", {})
-    if stages:
-        lines += ["", "## Steps", "", "| step | seconds | MLflow run |", "| --- | --- | --- |"]
-        lines += [f"| {k} | {v.get('seconds', 0):.1f} | {v.get('mlflow_run_id') or '-'} |" for k, v in stages.items()]
+    if s.get("evaluation_markdown"):
+        lines += ["", s["evaluation_markdown"].rstrip()]
+    stages_ = s.get("stages", {})
+    if stages_:
+        lines += ["", "## Steps", "", "| step | status | seconds | MLflow run |", "| --- | --- | --- | --- |"]
+        lines += [f"| {k} | {v.get('status', 'ran')} | {v.get('seconds', 0):.1f} | {v.get('mlflow_run_id') or '-'} |"
+                  for k, v in stages_.items()]
     return "\n".join(lines) + "\n"

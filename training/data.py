@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -28,24 +27,11 @@ from pathlib import Path
 import torch
 import webdataset as wds
 
-from training.processing import VisionParams, answer_text, collate, encode_example, smart_resize
 from vtg.errors import VTGError
-from vtg.shards import SampleMeta, decode_jpegs, list_shards
+from vtg.model.processing import VisionParams, answer_text, collate, encode_example, smart_resize
+from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key
 
 log = logging.getLogger(__name__)
-
-_MEMBER = re.compile(r"^(?P<key>.+)\.(?P<ext>f\d{3}\.jpg|json)$")
-
-
-def member_key(name: str) -> tuple[str, str]:
-    """`vid-0003.f007.jpg` -> (`vid-0003`, `f007.jpg`); also right for keys with dots (`vid.3.f007.jpg`, older
-    shards), where wds's first-dot rule would merge the windows of one video."""
-    m = _MEMBER.match(name)
-    if m:
-        return m["key"], m["ext"]
-    key, _, ext = name.rpartition(".")
-    return key, ext
-
 
 @dataclass(frozen=True)
 class StreamSpec:

@@ -26,7 +26,7 @@ SMALL_VISION = {"depth": 4, "hidden_size": 256, "intermediate_size": 688, "num_h
 def small_model(attn: str, dtype: torch.dtype, device: str):
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from training.tiny import build_tiny_model, tiny_config
+    from vtg.model.tiny import build_tiny_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(seed=0))
     config = tiny_config(tok, text=SMALL_TEXT, vision=SMALL_VISION)
@@ -36,8 +36,8 @@ def small_model(attn: str, dtype: torch.dtype, device: str):
 
 
 def smoke(device: str, dtype_name: str, frames: int, size: int, batch: int) -> dict:
-    from training.modeling import choose_attn_implementation
-    from training.processing import collate, encode_example, model_inputs
+    from vtg.model.modeling import choose_attn_implementation
+    from vtg.model.processing import collate, encode_example, model_inputs
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
     attn = choose_attn_implementation("auto", device)

@@ -6,8 +6,6 @@ FSDP2). Side effects go through callbacks; this module imports no tracker.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
@@ -18,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint as ckpt
 from training.callbacks import Callback, CallbackList, default_callbacks
 from training.data import StreamSpec, make_loader, read_examples, resolve_urls
 from training.dist import (
@@ -34,12 +31,15 @@ from training.dist import (
 from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import memory_metrics
-from training.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
-from training.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
+from vtg import checkpoints as ckpt
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
+from vtg.config._base import trajectory_view, view_hash
 from vtg.errors import VTGError
+from vtg.model.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
+from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
+from vtg.shards import data_version
 
 log = logging.getLogger("training")
 
@@ -57,31 +57,10 @@ class RunState:
     losses: list[float] = field(default_factory=list)
 
 
-def data_version(shards_dir: str | Path) -> str:
-    """The manifest's data version when preprocess wrote one, else a digest of the shard tree."""
-    manifest = Path(shards_dir) / "manifest.json"
-    if manifest.is_file():
-        try:
-            version = json.loads(manifest.read_text()).get("data_version")
-            if version:
-                return str(version)
-        except json.JSONDecodeError:
-            pass
-    return lineage.tree_digest(shards_dir)
-
-
-RUN_LENGTH_KEYS = {"max_steps", "save_every", "keep_last", "resume", "log_every", "progress", "checkpoint_hooks",
-                   "out_dir"}
-
-
 def train_hash(tcfg) -> str:
-    """Hash of what determines the trajectory (run length, logging and hooks excluded): resume needs a match."""
-    data = tcfg.model_dump(mode="json")
-    for key in RUN_LENGTH_KEYS:
-        data.pop(key, None)
-    data["data"].pop("prefetch_factor", None)
-    blob = json.dumps(data, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    """Hash of what determines the trajectory (run length, logging, hooks and paths excluded: the fields marked
+    `RUN_LENGTH` or `NOT_OUTPUT`): resuming needs a match."""
+    return view_hash(trajectory_view(tcfg))
 
 
 def build_model(tcfg, device: torch.device):
@@ -118,13 +97,37 @@ def _broadcast(obj, dist: DistInfo):
     return box[0]
 
 
-def _resume_dir(tcfg) -> Path | None:
+def _resume_dir(cfg: PipelineConfig, data_version: str) -> Path | None:
+    """Where to resume from (rank 0). Checkpoints of another trajectory are moved aside, never deleted."""
+    tcfg = cfg.train
+    root = Path(tcfg.out_dir)
+    if tcfg.resume not in ("auto", "never"):
+        ckpt.read_checkpoint_meta(tcfg.resume)
+        return ckpt.resolve_checkpoint(tcfg.resume)
     if tcfg.resume == "never":
+        if ckpt.has_checkpoints(root):
+            ckpt.move_aside(root, "train.resume=never starts a fresh run")
         return None
-    if tcfg.resume == "auto":
-        return ckpt.latest_checkpoint(tcfg.out_dir)
-    ckpt.read_checkpoint_meta(tcfg.resume)
-    return ckpt.resolve_checkpoint(tcfg.resume)
+    latest = ckpt.latest_checkpoint(root)
+    if latest is None:
+        return None
+    meta = ckpt.read_checkpoint_meta(latest)
+    why = None
+    if meta.get("train_hash") != train_hash(tcfg):
+        why = (f"{latest.name} was trained with other train settings (train_hash {meta.get('train_hash')} != "
+               f"{train_hash(tcfg)}); only max_steps, save_every, keep_last and logging may change to resume")
+    elif meta.get("data_version") != data_version:
+        why = f"{latest.name} was trained on data {str(meta.get('data_version'))[:12]}, the shards are now {data_version[:12]}"
+    if why:
+        ckpt.move_aside(root, why)
+        return None
+    return latest
+
+
+def _protected(cfg: PipelineConfig) -> list[Path]:
+    """Checkpoints retention must keep: the best one, as evaluation's pointer names it."""
+    best = ckpt.read_pointer(Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER)
+    return [best["path"]] if best else []
 
 
 class Trainer:
@@ -161,12 +164,13 @@ class Trainer:
         check_data_version(self.data_version)
 
     def resume(self) -> None:
-        src = _broadcast(str(_resume_dir(self.tcfg) or "") if self.dist.is_main else None, self.dist)
+        src = _broadcast(str(_resume_dir(self.cfg, self.data_version) or "") if self.dist.is_main else None,
+                         self.dist)
         if not src:
             return
         src = Path(src)
         meta = ckpt.read_checkpoint_meta(src)
-        rank_file = src / ckpt.ENGINE_DIR / f"rank-{self.dist.rank}.pt"
+        rank_file = ckpt.rank_state_file(src, self.dist.rank)
         if meta.get("world_size", 1) != self.dist.world_size or not rank_file.is_file():
             raise VTGError(f"{src}: saved with world size {meta.get('world_size')}, now {self.dist.world_size}; "
                            "exact resume needs the same world size (or set train.resume=never)")
@@ -175,9 +179,9 @@ class Trainer:
                            f"!= {train_hash(self.tcfg)}); set train.resume=never to start over, or another "
                            "train.out_dir")
         if meta.get("data_version") != self.data_version:
-            log.warning("resuming %s trained on data %s, shards are now %s", src, meta.get("data_version"),
-                        self.data_version)
-        self.engine.load(src / ckpt.ENGINE_DIR)
+            log.warning("resuming %s (given as train.resume) trained on data %s, shards are now %s", src,
+                        meta.get("data_version"), self.data_version)
+        self.engine.load(ckpt.engine_dir(src))
         saved = torch.load(rank_file, weights_only=False)
         if saved["num_workers"] != self.tcfg.data.num_workers:
             raise VTGError(f"{src}: saved with train.data.num_workers={saved['num_workers']}; the data order "
@@ -194,22 +198,23 @@ class Trainer:
         tmp = ckpt.temp_dir_for(root, step)
         if self.dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            (tmp / ckpt.ENGINE_DIR).mkdir(parents=True)
+            ckpt.engine_dir(tmp).mkdir(parents=True)
         barrier()
-        self.engine.save(tmp / ckpt.ENGINE_DIR)
+        self.engine.save(ckpt.engine_dir(tmp))
         torch.save({"run": self.state.__dict__, "guard": self.guard.state_dict(), "rng": rng_state(),
                     "num_workers": self.tcfg.data.num_workers},
-                   tmp / ckpt.ENGINE_DIR / f"rank-{self.dist.rank}.pt")
+                   ckpt.rank_state_file(tmp, self.dist.rank))
         state_dict = self.engine.full_state_dict()
         final = None
         if self.dist.is_main:
-            self.export_hf(state_dict, tmp / ckpt.HF_DIR)
+            self.export_hf(state_dict, ckpt.export_dir(tmp))
             meta = {"data_version": self.data_version, "git_commit": self.git_commit,
                     "config_hash": config_hash(self.cfg), "train_hash": train_hash(self.tcfg), "finetune": self.tcfg.model.finetune,
                     "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
                     "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
                     "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
-            final = ckpt.finalize(root, step, meta, self.cfg.model_dump(mode="json"), self.tcfg.keep_last)
+            final = ckpt.finalize(root, step, meta, self.cfg.model_dump(mode="json"), self.tcfg.keep_last,
+                                  protect=_protected(self.cfg))
         barrier()
         if final is not None:
             self.callbacks.on_checkpoint(final, step)

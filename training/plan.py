@@ -122,7 +122,7 @@ def model_size(base: str) -> tuple[float, float]:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from training.modeling import resolve_base
+    from vtg.model.modeling import resolve_base
 
     try:
         config = AutoConfig.from_pretrained(resolve_base(base))

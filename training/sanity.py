@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from training.processing import IGNORE_INDEX
 from vtg.errors import VTGError
+from vtg.model.processing import IGNORE_INDEX
 
 
 class SanityError(VTGError):

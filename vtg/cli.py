@@ -8,8 +8,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("flows", "run the whole pipeline (Prefect flow; ephemeral API unless PREFECT_API_URL is set)"),
     "config": ("vtg.config", "print the resolved configuration and its hash"),
-    "corpus": ("vtg.corpus", "build the synthetic grounding corpus"),
-    "ingest": ("vtg.ingest", "annotations -> canonical records (+ dead letters)"),
+    "corpus": ("corpus", "build the synthetic grounding corpus"),
+    "ingest": ("ingest", "annotations -> canonical records (+ dead letters)"),
     "preprocess": ("beam_jobs.preprocess", "Beam job: records + videos -> WebDataset shards"),
     "train": ("training", "DeepSpeed training (single process; use the deepspeed launcher for more ranks)"),
     "plan": ("training.plan", "memory planner: per-GPU memory by ZeRO stage"),

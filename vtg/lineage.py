@@ -62,3 +62,12 @@ def git_commit(cwd: str | Path | None = None) -> str:
 ENV_CHECKPOINT_QUEUE = "VTG_CHECKPOINT_QUEUE"  # jsonl file the embedded evaluator follows
 ENV_CHECKPOINT_EVENTS = "VTG_CHECKPOINT_EVENTS"  # "1": also emit Prefect `checkpoint.saved` events
 CHECKPOINT_EVENT = "checkpoint.saved"
+
+
+def source_digest(paths: list[str | Path]) -> str:
+    """Digest of the source annotations + videos (files and directories; a missing path counts as `missing`)."""
+    h = hashlib.sha256()
+    for p in map(Path, paths):
+        d = tree_digest(p) if p.is_dir() else file_digest(p) if p.is_file() else "missing"
+        h.update(f"{p.as_posix()}\0{d}\n".encode())
+    return h.hexdigest()

@@ -7,7 +7,9 @@ same function, so producers and consumers cannot drift apart.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,6 +19,9 @@ from pydantic import BaseModel, ConfigDict
 
 SHARD_PATTERN = "shard-%06d.tar"
 SPLITS = ("train", "val", "test")
+MANIFEST = "manifest.json"
+"""Written by preprocess beside the split folders: counts, lineage, every shard with its samples and sha256, and
+`data_version`."""
 
 
 class QueryMeta(BaseModel):
@@ -57,6 +62,19 @@ class SampleMeta(BaseModel):
     @property
     def duration_s(self) -> float:
         return self.window_end_s - self.window_start_s
+
+
+_MEMBER = re.compile(r"^(?P<key>.+)\.(?P<ext>f\d{3}\.jpg|json)$")
+
+
+def member_key(name: str) -> tuple[str, str]:
+    """`vid-0003.f007.jpg` -> (`vid-0003`, `f007.jpg`); also right for keys with dots (`vid.3.f007.jpg`, older
+    shards), where wds's first-dot rule would merge the windows of one video."""
+    m = _MEMBER.match(name)
+    if m:
+        return m["key"], m["ext"]
+    key, _, ext = name.rpartition(".")
+    return key, ext
 
 
 def encode_jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
@@ -149,3 +167,36 @@ def list_shards(root: str | Path, split: str) -> list[str]:
     if not shards:
         raise VTGError(f"no shards in {d} (run the preprocess stage first: python -m beam_jobs.preprocess)")
     return shards
+
+
+def data_version_of(shards: Iterable[dict]) -> str:
+    """The data version: sha256 over every shard's path (`<split>/shard-NNNNNN.tar`) and sha256, in path order.
+
+    The one meaning of "data version": preprocess writes it into the manifest; training records it in every
+    checkpoint's meta.json and MLflow tags (`vtg.data_version`); evaluation and the lineage CLI read it there."""
+    h = hashlib.sha256()
+    for s in sorted(shards, key=lambda s: s["path"]):
+        h.update(f"{s['path']}:{s['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def read_manifest(root: str | Path) -> dict | None:
+    path = Path(root) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def data_version(root: str | Path) -> str:
+    """The data version of the shards under `root`: the manifest's, else computed from the shard files."""
+    manifest = read_manifest(root) or {}
+    if manifest.get("data_version"):
+        return str(manifest["data_version"])
+    from vtg.lineage import file_digest
+
+    root = Path(root)
+    found = [{"path": p.relative_to(root).as_posix(), "sha256": file_digest(p)}
+             for split in SPLITS for p in sorted((root / split).glob("shard-*.tar"))]
+    return data_version_of(found)

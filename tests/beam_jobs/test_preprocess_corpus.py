@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 from corpus_metrics import measure, read_shards
 from corpus_truth import load_truth, scene_counts
+from measured_settings import CORPUS_MEASURED
 
 from beam_jobs.preprocess import run
 from beam_jobs.probe import decode_video
 from beam_jobs.video import decode, detect_scenes
+from corpus import build_corpus
+from ingest import ingest
 from vtg.config import CorpusConfig, IngestConfig, load_config
-from vtg.corpus import build_corpus
-from vtg.ingest import ingest
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = {"n_videos": 30, "workers": 1, "defect_fraction": 0.25, "long_fraction": 0.2,
+CORPUS = {**CORPUS_MEASURED, "n_videos": 30, "workers": 1, "defect_fraction": 0.25, "long_fraction": 0.2,
           "text_answerable_fraction": 0.3, "duplicate_query_fraction": 0.2}
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 

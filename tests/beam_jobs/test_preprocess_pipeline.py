@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import apache_beam as beam
 import pytest
@@ -19,7 +20,7 @@ from vtg.config.preprocess import DedupConfig, TextBiasConfig
 from vtg.errors import VTGError
 from vtg.records import CanonicalRecord
 
-REPO_PARAMS = preprocess.Path(__file__).resolve().parents[2] / "params.yaml"
+REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
@@ -95,7 +96,7 @@ def test_cli_user_errors_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "beam_jobs.preprocess", "--params", str(REPO_PARAMS),
                         f"preprocess.records={tmp_path / 'nope.jsonl'}"], capture_output=True, text=True, check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert "python -m vtg.ingest" in r.stderr
+    assert "python -m ingest" in r.stderr
     with pytest.raises(VTGError, match="key=value"):
         preprocess.main(["--params", str(REPO_PARAMS), "stray"])
 

@@ -59,8 +59,8 @@ def train_briefly(model_dir: Path, shards: Path, steps: int, seed: int = 0) -> N
     """A few full fine-tuning steps (plain AdamW) so the model emits answers in the canonical format."""
     import torch
 
-    from training.modeling import load_model_and_tokenizer
-    from training.processing import answer_text, collate, encode_example, model_inputs
+    from vtg.model.modeling import load_model_and_tokenizer
+    from vtg.model.processing import answer_text, collate, encode_example, model_inputs
 
     torch.manual_seed(seed)
     model, tok = load_model_and_tokenizer(model_dir)
@@ -82,8 +82,8 @@ def make_checkpoint(root: Path, step: int, shards: Path, train_steps: int, run_i
     """A checkpoint dir honouring training's contract (temp dir -> finalize: meta last, `latest` moved)."""
     import shutil
 
-    from training.checkpoint import HF_DIR, finalize, temp_dir_for
-    from training.modeling import build_tiny_model
+    from vtg.checkpoints import HF_DIR, finalize, temp_dir_for
+    from vtg.model.modeling import build_tiny_model
 
     tmp = temp_dir_for(root, step)
     shutil.copytree(build_tiny_model(), tmp / HF_DIR)

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from eval_fixtures import make_checkpoint
+from measured_settings import EVALUATE_MEASURED
 
 from evaluation.__main__ import main
 from evaluation.api import evaluate_checkpoint
+from vtg.checkpoints import BEST_POINTER, export_dir, resolve_checkpoint
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
@@ -30,7 +32,7 @@ def env(tmp_path_factory, shards_dir):
     cfg = PipelineConfig.model_validate({
         "evaluate": {"shards_dir": str(shards_dir), "out_dir": str(tmp / "reports/eval"),
                      "store_dir": str(tmp / "reports/eval_runs"), "batch_size": 3, "max_new_tokens": 12,
-                     "device": "cpu", "report_samples": 4},
+                     "device": "cpu", "report_samples": 4, **EVALUATE_MEASURED},
         "tracking": {"tracking_uri": uri, "experiment": "eval-test", "registered_model": "vtg-test"},
     })
     mlflow.set_tracking_uri(uri)
@@ -93,8 +95,10 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
     expected = max(results, key=lambda x: (x.metrics["r1@0.7"], x.metrics["miou"], x.result["step"]))
     version = client.get_model_version_by_alias("vtg-test", "best")
     assert version.tags[TAG_CHECKPOINT] == expected.result["checkpoint"]
-    assert version.source == str(Path(expected.result["checkpoint"]) / "hf")
-    assert (env["root"] / "best").resolve() == Path(expected.result["checkpoint"])
+    assert version.source == str(export_dir(expected.result["checkpoint"]))
+    # the pointer lives in the evaluation's own outputs (a plain JSON file), not in the checkpoint root
+    assert resolve_checkpoint(out / BEST_POINTER) == Path(expected.result["checkpoint"])
+    assert not (env["root"] / "best").exists() and not (env["root"] / BEST_POINTER).exists()
     assert results[1].selection["best"] == expected.result["checkpoint"]
 
 
@@ -153,8 +157,8 @@ def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
 
 
 def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):
-    from training.checkpoint import HF_DIR, finalize, temp_dir_for
-    from training.modeling import apply_finetune_mode, build_tiny_model, load_model_and_tokenizer
+    from vtg.checkpoints import HF_DIR, finalize, temp_dir_for
+    from vtg.model.modeling import apply_finetune_mode, build_tiny_model, load_model_and_tokenizer
 
     root = env["tmp"] / "lora-checkpoints"
     model, tok = load_model_and_tokenizer(build_tiny_model())
@@ -172,4 +176,4 @@ def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):
     res = evaluate_checkpoint(ckpt, "val", cfg)
     assert res.result["summary"]["counts"]["scored"] == 4 and set(res.result["summary"]["baselines"]) == {"prior"}
     assert res.result["mlflow_run_id"] is None and res.selection["best"] == str(ckpt)
-    assert (root / "best").resolve() == ckpt and len(_eval_runs(env["client"])) == runs
+    assert resolve_checkpoint(root / "out" / BEST_POINTER) == ckpt and len(_eval_runs(env["client"])) == runs

@@ -20,6 +20,7 @@ STANDIN_OVERRIDES = [
     "orchestration.stages.preprocess=standin_stages.preprocess",
     "orchestration.stages.train=standin_stages.train",
     "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint",
+    "orchestration.stages.evaluate=standin_stages.evaluate_cli",
     "corpus.n_videos=10",
     "train.max_steps=6",
     "train.save_every=2",
@@ -59,8 +60,8 @@ def make_project(workdir: Path, with_dvc: bool = True) -> Path:
 
 
 STAGE_MODULES = {  # module name in dvc.yaml -> stand-in it runs here
-    "vtg/corpus/__main__.py": "standin_stages.corpus",
-    "vtg/ingest/__main__.py": "standin_stages.ingest",
+    "corpus/__main__.py": "standin_stages.corpus",
+    "ingest/__main__.py": "standin_stages.ingest",
     "beam_jobs/__main__.py": None,
     "beam_jobs/preprocess.py": "standin_stages.preprocess",
     "training/__main__.py": "standin_stages.train",
@@ -109,3 +110,30 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+
+
+CODE = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows")
+TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipeline on 2 cores
+    "corpus.n_videos": 12, "corpus.workers": 1, "preprocess.direct_num_workers": 1,
+    "train.max_steps": 4, "train.save_every": 2, "train.micro_batch_size": 4, "train.data.num_workers": 0,
+    "train.data.sanity_examples": 4, "train.progress": False, "evaluate.max_examples": 6,
+    "evaluate.baselines": ["prior"], "orchestration.task_retries": 0,
+}
+
+
+def real_project(workdir: Path) -> Path:
+    """A fresh git + DVC project holding a copy of the real code (the code deps dvc.yaml hashes) and
+    params.yaml at the tiny scale, committed, as a user's clone would be."""
+    make_project(workdir)
+    for pkg in CODE:
+        shutil.copytree(REPO / pkg, workdir / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / ".dvcignore", workdir / ".dvcignore")
+    set_params(workdir, **TINY_REAL)
+    git(workdir, "add", "-A")
+    git(workdir, "commit", "-qm", "project")
+    return workdir
+
+
+def outputs_with_symlinks(workdir: Path, roots: tuple[str, ...] = ("data", "checkpoints", "reports/eval")) -> list[str]:
+    return [str(p.relative_to(workdir)) for r in roots if (workdir / r).exists()
+            for p in (workdir / r).rglob("*") if p.is_symlink()]

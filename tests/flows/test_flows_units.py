@@ -1,4 +1,4 @@
-"""Fast checks of the orchestration pieces: content keys, the checkpoint hook, stage runner errors, launchers,
+"""Fast checks of the orchestration pieces: the checkpoint hook, stage runner errors, launchers,
 the event trigger's parameters, the lineage CLI's errors, the report."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from flows.content import StageContent, paths_digest, stage_content
 from flows.events import on_checkpoint_saved
 from flows.stages import ConfigArgs, StageFailed, run_stage, train_cmd
 from flows.tasks import report_markdown
@@ -18,21 +17,6 @@ from vtg import lineage
 from vtg.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_content_key_depends_on_content_not_on_how_it_was_asked(tmp_path: Path):
-    cfg = load_config(REPO / "params.yaml")
-    data = tmp_path / "records.jsonl"
-    data.write_text("a\n")
-    key = stage_content(cfg, "preprocess", paths_digest([data]), cfg.preprocess).key()
-    same = load_config(REPO / "params.yaml", None, [f"preprocess.num_frames={cfg.preprocess.num_frames}",
-                                                     "train.lr=0.5"])  # other sections do not matter
-    assert stage_content(same, "preprocess", paths_digest([data]), same.preprocess).key() == key
-    data.write_text("b\n")
-    assert stage_content(cfg, "preprocess", paths_digest([data]), cfg.preprocess).key() != key
-    other = load_config(REPO / "params.yaml", None, ["preprocess.num_frames=4"])
-    assert stage_content(other, "preprocess", paths_digest([data]), other.preprocess).key() != key
-    assert paths_digest([tmp_path / "missing"]) != paths_digest([data])
 
 
 def test_checkpoint_hook_appends_one_line_per_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -89,9 +73,10 @@ def test_lineage_cli_rejects_an_unknown_target_in_one_line(tmp_path: Path):
     assert r.stderr.strip().splitlines()[-1].startswith("error: 'not-a-thing' is neither a checkpoint directory")
 
 
-def test_report_lists_checkpoints_and_baselines():
-    md = report_markdown({"flow_run_id": "f1", "test_metrics": {"r1@0.5": 0.9}, "test_baselines":
-                          {"prior": {"r1@0.5": 0.3}}, "evaluations": [{"step": 200, "metrics": {"r1@0.5": 0.5}}],
-                          "stages": {"train": {"seconds": 12.0, "mlflow_run_id": "r"}}})
-    assert "| r1@0.5 | 0.9000 | 0.3000 |" in md and "| 200 | 0.5000 |" in md and "| train | 12.0 | r |" in md
-    assert isinstance(StageContent("x", "c", "i", "k").key(), str)
+def test_report_has_lineage_the_evaluation_part_and_every_step():
+    md = report_markdown({"flow_run_id": "f1", "data_version": "dv1",
+                          "evaluation_markdown": "## Held-out test metrics\n| r1@0.5 | 0.9000 | 0.3000 |\n",
+                          "stages": {"train": {"seconds": 12.0, "mlflow_run_id": "r"},
+                                     "ingest": {"status": "up to date", "mlflow_run_id": None}}})
+    assert "| data_version | `dv1` |" in md and "| r1@0.5 | 0.9000 | 0.3000 |" in md
+    assert "| train | ran | 12.0 | r |" in md and "| ingest | up to date | 0.0 | - |" in md

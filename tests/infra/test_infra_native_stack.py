@@ -161,7 +161,7 @@ def test_dvc_remote_on_the_s3_endpoint_is_the_source_of_truth_for_the_shards(sta
 def test_shards_stream_from_object_storage_through_the_training_reader_stages(stack, tmp_path, monkeypatch):
     import webdataset as wds
 
-    from training.data import member_key
+    from vtg.shards import member_key
 
     for k, v in stack.items():
         monkeypatch.setenv(k, v)

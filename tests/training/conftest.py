@@ -15,7 +15,7 @@ from train_fixtures import write_fixture_shards
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from training.tiny import build_tiny_model
+    from vtg.model.tiny import build_tiny_model
 
     return build_tiny_model(seed=0)
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from training.data import StreamSpec, make_loader, member_key, resolve_urls, token_budget_batches
-from training.processing import VisionParams
+from training.data import StreamSpec, make_loader, resolve_urls, token_budget_batches
 from vtg.errors import VTGError
+from vtg.model.processing import VisionParams
+from vtg.shards import member_key
 
 
 def _batches(urls, tok, n, workers=0, **kw):

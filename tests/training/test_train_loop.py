@@ -10,12 +10,16 @@ import pytest
 import torch
 from train_fixtures import HOOK_CALLS, Recorder, train_config
 
-from training.checkpoint import read_checkpoint_meta
 from training.loop import train
-from training.modeling import load_model_and_tokenizer
-from training.processing import collate, encode_example, model_inputs
 from training.sanity import SanityError
+from vtg.checkpoints import export_dir, read_checkpoint_meta, resolve_checkpoint
+from vtg.model.modeling import load_model_and_tokenizer
+from vtg.model.processing import collate, encode_example, model_inputs
 
+
+def _export(root):
+    """The HF export of a checkpoint root's latest checkpoint (the pointer is a file, not a directory)."""
+    return export_dir(resolve_checkpoint(root))
 
 def _logits(hf_dir):
     model, tok = load_model_and_tokenizer(hf_dir)
@@ -43,14 +47,14 @@ def test_exact_resume_is_bit_equal(shards_dir, tmp_path):
     second = train(train_config(shards_dir, tmp_path / "b", *common))["losses"]
     assert first == straight[:3]
     assert second == straight  # steps 4..6 after the resume equal the uninterrupted run's, bit for bit
-    assert torch.equal(_logits(tmp_path / "a" / "latest" / "hf"), _logits(tmp_path / "b" / "latest" / "hf"))
+    assert torch.equal(_logits(_export(tmp_path / "a")), _logits(_export(tmp_path / "b")))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
 def test_zero_stages_train_and_export(shards_dir, tmp_path, stage):
     summary = train(train_config(shards_dir, tmp_path / "ck", f"train.zero_stage={stage}", "train.max_steps=2"))
     assert summary["step"] == 2 and all(np.isfinite(summary["losses"]))
-    hf = tmp_path / "ck" / "latest" / "hf"
+    hf = _export(tmp_path / "ck")
     assert torch.isfinite(_logits(hf)).all()  # a full (gathered under ZeRO-3) export that reloads
 
 
@@ -61,7 +65,7 @@ def test_lora_vs_full_trainable_parameters(shards_dir, tmp_path):
     train(train_config(shards_dir, tmp_path / "full", "train.max_steps=2"), callbacks=[full])
     assert 0 < lora.info["trainable_params"] < lora.info["total_params"] / 4
     assert full.info["trainable_params"] == full.info["total_params"]
-    hf = tmp_path / "lora" / "latest" / "hf"
+    hf = _export(tmp_path / "lora")
     assert (hf / "adapter_config.json").is_file() and not (hf / "model.safetensors").exists()
     assert torch.isfinite(_logits(hf)).all()
     assert full.steps[-1][1]["train/loss"] > 0 and "perf/tokens_per_s" in full.steps[-1][1]
@@ -73,7 +77,7 @@ def test_fsdp2_strategy_trains_and_resumes(shards_dir, tmp_path):
     train(train_config(shards_dir, tmp_path / "b", *common), stop_after=2)
     resumed = train(train_config(shards_dir, tmp_path / "b", *common))["losses"]
     assert resumed == straight
-    assert torch.isfinite(_logits(tmp_path / "b" / "latest" / "hf")).all()
+    assert torch.isfinite(_logits(_export(tmp_path / "b"))).all()
 
 
 def test_nonfinite_loss_batch_is_skipped_with_keys(shards_dir, tmp_path, monkeypatch, caplog):

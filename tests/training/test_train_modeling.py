@@ -5,14 +5,14 @@ import logging
 import numpy as np
 import torch
 
-from training.modeling import (
+from vtg.model.modeling import (
     apply_finetune_mode,
     choose_attn_implementation,
     count_parameters,
     load_model_and_tokenizer,
 )
-from training.processing import collate, encode_example, model_inputs
-from training.tiny import build_tiny_model
+from vtg.model.processing import collate, encode_example, model_inputs
+from vtg.model.tiny import build_tiny_model
 
 
 def _batch(tok):
@@ -28,7 +28,7 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_model_dir):
 
 
 def test_attention_choice_logs_one_line(caplog):
-    with caplog.at_level(logging.INFO, logger="training.modeling"):
+    with caplog.at_level(logging.INFO, logger="vtg.model.modeling"):
         assert choose_attn_implementation("auto", "cpu") == "sdpa"
     assert [r.message for r in caplog.records] == ["attention implementation: sdpa (no CUDA device)"]
 

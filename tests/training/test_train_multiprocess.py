@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from train_fixtures import REPO_ROOT
 
-from training.checkpoint import read_checkpoint_meta
 from training.dist import free_port
+from vtg.checkpoints import engine_dir, read_checkpoint_meta, resolve_checkpoint
 
 
 @pytest.mark.slow
@@ -32,4 +32,4 @@ def test_world_size_2_torchrun(shards_dir, tmp_path):
     assert "effective batch 8 = micro 4 x accum 1 x world 2" in proc.stderr
     meta = read_checkpoint_meta(out / "latest")
     assert meta["world_size"] == 2 and meta["step"] == 12
-    assert {p.name for p in (out / "latest" / "engine").glob("rank-*.pt")} == {"rank-0.pt", "rank-1.pt"}
+    assert {p.name for p in engine_dir(resolve_checkpoint(out)).glob("rank-*.pt")} == {"rank-0.pt", "rank-1.pt"}

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.processing import (
+from vtg.answer import format_answer, parse_answer
+from vtg.model.processing import (
     IGNORE_INDEX,
     MM_VIDEO,
     answer_text,
@@ -13,7 +14,6 @@ from training.processing import (
     patchify_video,
     seconds_per_grid,
 )
-from vtg.answer import format_answer, parse_answer
 
 
 def _hf_image_patches(frames):
@@ -135,7 +135,7 @@ def test_collate_pads_both_sides(tiny_tokenizer):
 
 
 def test_model_forward_uses_video_positions(tiny_model_dir, tiny_tokenizer):
-    from training.modeling import load_model_and_tokenizer
+    from vtg.model.modeling import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     frames = np.random.default_rng(0).integers(0, 256, size=(8, 56, 56, 3), dtype=np.uint8)

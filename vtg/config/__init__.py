@@ -3,6 +3,10 @@
 Resolution order (later wins): `params.yaml` -> `experiments/<base>.yaml` -> ... -> `experiments/<name>.yaml`
 -> `key.path=value` overrides. An experiment file holds only overrides and may name its parent with
 `extends: <name>`. Every key remembers the file it came from so that a validation error can say where to fix it.
+
+Defaults and their documentation live once, on the section classes (`vtg/config/*.py`, a docstring per field).
+`params.yaml` is rendered from them (`python -m vtg.config --write-params`, see `vtg.config.render`), and
+tests/test_config.py checks that the file in the repo matches: change a default there, not in params.yaml.
 """
 
 from __future__ import annotations
@@ -26,9 +30,18 @@ from vtg.config.train import TrainConfig
 from vtg.errors import ConfigError
 
 __all__ = [
-    "PipelineConfig", "load_config", "config_hash", "parse_overrides", "ConfigError",
-    "CorpusConfig", "IngestConfig", "PreprocessConfig", "TrainConfig", "EvaluateConfig",
-    "TrackingConfig", "OrchestrationConfig",
+    "ConfigError",
+    "CorpusConfig",
+    "EvaluateConfig",
+    "IngestConfig",
+    "OrchestrationConfig",
+    "PipelineConfig",
+    "PreprocessConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "config_hash",
+    "load_config",
+    "parse_overrides",
 ]
 
 CLI_SOURCE = "<command line>"

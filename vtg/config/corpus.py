@@ -4,15 +4,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vtg.config._base import Section
+from vtg.config._base import NOT_OUTPUT, Section
 
 
 class CorpusConfig(Section):
-    out_dir: str = "data/raw/synthetic"
+    out_dir: str = Field("data/raw/synthetic", json_schema_extra=NOT_OUTPUT)
     """Where `videos/`, `annotations/` and `ground_truth.json` are written (built aside, then renamed in)."""
     seed: int = 0
     """Seed for everything random in the corpus: same seed -> byte-identical files."""
-    n_videos: int = Field(320, ge=1)
+    n_videos: int = Field(1200, ge=1)
     """Clean videos at scale 1 (defective videos and near-duplicates are added on top)."""
     scale: float = Field(1.0, gt=0)
     """Multiplies the number of videos (benchmarks use larger scales)."""
@@ -22,9 +22,9 @@ class CorpusConfig(Section):
     """Frame width of clean videos."""
     height: int = Field(112, ge=32)
     """Frame height of clean videos."""
-    min_duration_s: float = Field(10.0, ge=6)
+    min_duration_s: float = Field(8.0, ge=6)
     """Shortest clean video."""
-    max_duration_s: float = Field(30.0, ge=6)
+    max_duration_s: float = Field(16.0, ge=6)
     """Longest ordinary clean video."""
     long_fraction: float = Field(0.1, ge=0, le=1)
     """Fraction of clean videos that are long (exercise windowing at `preprocess.max_window_s`)."""
@@ -32,21 +32,21 @@ class CorpusConfig(Section):
     """Shortest long video."""
     long_max_duration_s: float = Field(70.0, ge=6)
     """Longest long video (their events stay inside one scene)."""
-    min_event_s: float = Field(2.0, gt=0)
+    min_event_s: float = Field(2.5, gt=0)
     """Shortest visual event (the queried object is visible/moving only during the event)."""
-    max_event_s: float = Field(8.0, gt=0)
+    max_event_s: float = Field(6.0, gt=0)
     """Longest visual event."""
-    min_texture_contrast: int = Field(25, ge=0, le=100)
+    min_texture_contrast: int = Field(4, ge=0, le=100)
     """Smallest luma contrast between the two tones of a scene's background texture (lower: plainer scenes)."""
-    max_texture_contrast: int = Field(45, ge=1, le=101)
+    max_texture_contrast: int = Field(9, ge=1, le=101)
     """Upper bound (exclusive) of the background texture contrast."""
-    min_object_radius: float = Field(0.09, gt=0, le=0.3)
+    min_object_radius: float = Field(0.18, gt=0, le=0.3)
     """Smallest radius of an event's object, as a fraction of the frame side."""
-    max_object_radius: float = Field(0.13, gt=0, le=0.3)
+    max_object_radius: float = Field(0.24, gt=0, le=0.3)
     """Largest radius of an event's object (and of distractors), as a fraction of the frame side."""
-    max_events: int = Field(3, ge=1, le=6)
+    max_events: int = Field(1, ge=1, le=6)
     """Most events (queries) per ordinary video; long videos get one more."""
-    distractor_fraction: float = Field(0.75, ge=0, le=1)
+    distractor_fraction: float = Field(0.25, ge=0, le=1)
     """Fraction of clean videos with a moving distractor object (a colour no query names) besides the events."""
     dissolve_fraction: float = Field(0.6, ge=0, le=1)
     """Fraction of videos with at least one ~1 s dissolve (gradual transition) besides their hard cuts."""
@@ -60,7 +60,7 @@ class CorpusConfig(Section):
     """Extra defective videos as a fraction of clean ones (at least one of each defect kind when > 0)."""
     invalid_per_100: float = Field(1.0, ge=0)
     """Invalid annotation lines of each kind per 100 clean videos (at least one of each kind when > 0)."""
-    workers: int = Field(2, ge=0)
+    workers: int = Field(2, ge=0, json_schema_extra=NOT_OUTPUT)
     """Worker processes that render videos (0 = one per CPU); output does not depend on it."""
 
     @model_validator(mode="after")

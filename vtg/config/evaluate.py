@@ -5,41 +5,42 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vtg.config._base import Section
+from vtg.config._base import NOT_OUTPUT, Section
 
 
 class EvaluateConfig(Section):
-    split: Literal["val", "test"] = "val"
+    split: Literal["val", "test"] = Field("val", json_schema_extra=NOT_OUTPUT)
     """Split evaluated per checkpoint."""
     shards_dir: str = "data/shards"
     """Shard root: the evaluated split, and `train/` for the moment-prior baseline."""
-    out_dir: str = "reports/eval"
+    out_dir: str = Field("reports/eval", json_schema_extra=NOT_OUTPUT)
     """metrics.json, predictions.jsonl, report.html, plots and steps.csv of the last evaluated checkpoint."""
-    store_dir: str = "reports/eval_runs"
+    store_dir: str = Field("reports/eval_runs", json_schema_extra=NOT_OUTPUT)
     """One directory per evaluated (checkpoint content, split, settings): makes re-evaluation a no-op."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, json_schema_extra=NOT_OUTPUT)
     """Generation batch size."""
     max_new_tokens: int = Field(16, ge=1)
     """Generated tokens per answer."""
     max_examples: int = Field(0, ge=0)
     """Evaluate only the first N queries of the split (0: all)."""
-    device: str = "auto"
+    device: str = Field("auto", json_schema_extra=NOT_OUTPUT)
     """`auto` (cuda when available, else cpu), `cpu` or `cuda[:i]`."""
     iou_thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])
     """R@1 is reported at each of these IoU thresholds."""
-    length_edges_s: list[float] = Field(default_factory=lambda: [10.0, 30.0])
-    """Moment-length buckets short/middle/long: short < edges[0] <= middle < edges[1] <= long (Moment-DETR)."""
+    length_edges_s: list[float] = Field(default_factory=lambda: [4.0, 6.0])
+    """Moment-length buckets short/middle/long: short < edges[0] <= middle < edges[1] <= long (default synthetic
+    corpus: moments 1.5-6 s, normal events 2.5-6 s; Moment-DETR uses [10, 30] on real data)."""
     baselines: list[Literal["prior", "blank"]] = Field(default_factory=lambda: ["prior", "blank"])
     """Blind baselines: `prior` (best constant span from the train split's moments), `blank` (the model on blank frames)."""
     prior_grid: int = Field(20, ge=2)
     """The prior searches normalized (start, end) on a grid of this many steps per axis."""
     select_metric: str = "r1@0.7"
     """Metric that picks the best checkpoint (`miou` or `r1@<threshold>`)."""
-    registry_alias: str = "best"
+    registry_alias: str = Field("best", json_schema_extra=NOT_OUTPUT)
     """Alias of the best checkpoint's version in the MLflow model registry."""
     report_samples: int = Field(12, ge=0)
     """Queries drawn in the report's ground-truth vs predicted timelines."""
-    reuse: bool = True
+    reuse: bool = Field(True, json_schema_extra=NOT_OUTPUT)
     """Reuse a stored result for the same checkpoint content, split and settings instead of recomputing."""
 
     @model_validator(mode="after")

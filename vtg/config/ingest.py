@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from vtg.config._base import Section
+from vtg.config._base import NOT_OUTPUT, Section
 
 
 class IngestConfig(Section):
@@ -16,9 +16,9 @@ class IngestConfig(Section):
     """Directory searched (recursively) for `<video_id>.{mp4,avi,mkv,webm,mov}`."""
     end_tolerance_s: float = Field(0.5, ge=0)
     """An end time up to this far beyond the video duration is clipped, not rejected."""
-    out: str = "data/interim/records.jsonl"
+    out: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)
     """Canonical records output (one JSON object per (video, query))."""
-    dead_letter: str = "data/interim/ingest_dead_letter.jsonl"
+    dead_letter: str = Field("data/interim/ingest_dead_letter.jsonl", json_schema_extra=NOT_OUTPUT)
     """Every rejected line with file, line number and reason."""
-    summary: str = "data/interim/ingest_summary.json"
+    summary: str = Field("data/interim/ingest_summary.json", json_schema_extra=NOT_OUTPUT)
     """Counts that reconcile: input lines = records + dead letters."""

@@ -8,9 +8,9 @@ from vtg.config._base import Section
 
 
 class StageEntryPoints(Section):
-    corpus: str = "vtg.corpus"
+    corpus: str = "corpus"
     """Module run as `python -m <module>` to build the synthetic corpus."""
-    ingest: str = "vtg.ingest"
+    ingest: str = "ingest"
     """Module that ingests annotations into canonical records."""
     preprocess: str = "beam_jobs.preprocess"
     """Module of the Beam preprocessing job."""

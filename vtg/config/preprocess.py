@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from vtg.config._base import Section
+from vtg.config._base import NOT_OUTPUT, Section
 
 RUNNER_PROFILES = {
     "direct": ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
@@ -27,7 +27,7 @@ class ScenesConfig(Section):
     """PySceneDetect ContentDetector threshold for hard cuts (mean HSV change between frames)."""
     min_scene_len_s: float = Field(0.5, ge=0)
     """Shortest scene: cuts closer than this to the previous cut are merged (PySceneDetect min_scene_len)."""
-    min_changed_fraction: float = Field(0.0, ge=0, le=1)
+    min_changed_fraction: float = Field(0.5, ge=0, le=1)
     """`batched` engine: a frame is a cut only if this share of its detection-frame cells (the 16x16 thumbnails
     by default) also changed by `threshold` or more (0 = plain ContentDetector). A cut changes most of the frame;
     a large object appearing on a still scene lifts the mean change as much but moves few cells (default corpus:
@@ -38,7 +38,7 @@ class ScenesConfig(Section):
     """Gradual detector compares frames this far before and after each frame (about half a dissolve)."""
     gradual_threshold: float = Field(15.0, gt=0)
     """Mean absolute change (0-255, 16x16 colour thumbnails) across the reach that marks a gradual transition."""
-    gradual_min_changed_fraction: float = Field(0.0, ge=0, le=1)
+    gradual_min_changed_fraction: float = Field(0.5, ge=0, le=1)
     """A gradual transition must also change this share of the 16x16 thumbnail cells by `gradual_threshold` or
     more across the reach (0 = no such test). A dissolve or fade changes the whole frame; a large object
     appearing or moving lifts the mean change over few cells (default corpus: dissolves found 89.9% -> 99.9%,
@@ -123,19 +123,20 @@ class TextBiasConfig(Section):
 
 
 class PreprocessConfig(Section):
-    records: str = "data/interim/records.jsonl"
+    records: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)
     """Canonical records written by ingest."""
-    out_dir: str = "data/shards"
+    out_dir: str = Field("data/shards", json_schema_extra=NOT_OUTPUT)
     """Shard root: `<out_dir>/<split>/shard-%06d.tar`, plus manifest.json and dead_letter.jsonl."""
     reader: Literal["opencv"] = "opencv"
     """Video reader (decoder) backend; each video is decoded once."""
-    decode_threads: int = Field(1, ge=0)
+    decode_threads: int = Field(1, ge=0, json_schema_extra=NOT_OUTPUT)
     """Decoder threads per video (0 = OpenCV's default: FFmpeg frame threads, one per CPU). 1 is fastest when
     the runner already runs a worker per core, and for small frames even in one process: per-video thread
     start-up and per-frame hand-offs cost more than they save (2.7x faster decode at 112 px, measured).
     Frames are the same either way."""
-    max_window_s: float = Field(30.0, gt=0)
-    """Longest window cut from one source video (cut at scene boundaries)."""
+    max_window_s: float = Field(16.0, gt=0)
+    """Longest window cut from one source video (cut at scene boundaries); 16 s keeps long videos' windows as
+    dense in frames as the ordinary 8-16 s videos."""
     frame_mode: Literal["uniform", "adaptive"] = "uniform"
     """Frame sampling: uniform in time, or adaptive (same budget, denser where content changes)."""
     num_frames: int = Field(16, ge=2)
@@ -158,17 +159,17 @@ class PreprocessConfig(Section):
     """MinHash near-duplicate removal (videos and queries)."""
     text_bias: TextBiasConfig = TextBiasConfig()
     """Blind text-bias filter."""
-    split_fractions: dict[str, float] = {"train": 0.8, "val": 0.1, "test": 0.1}
+    split_fractions: dict[str, float] = Field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     """Fractions of source videos (or duplicate clusters) per split, by a stable hash."""
     samples_per_shard: int = Field(500, ge=1)
     """Maximum samples per tar shard."""
-    runner: Literal["direct", "dataflow", "flink", "spark"] = "direct"
+    runner: Literal["direct", "dataflow", "flink", "spark"] = Field("direct", json_schema_extra=NOT_OUTPUT)
     """Beam runner profile: selects `runner_profiles.<runner>` (CLI pipeline options win over it)."""
-    runner_profiles: dict[str, list[str]] = RUNNER_PROFILES
+    runner_profiles: dict[str, list[str]] = Field(RUNNER_PROFILES, json_schema_extra=NOT_OUTPUT)
     """Beam pipeline options per runner profile (edit project/bucket/master for your cluster)."""
-    direct_num_workers: int = Field(2, ge=1)
+    direct_num_workers: int = Field(2, ge=1, json_schema_extra=NOT_OUTPUT)
     """DirectRunner worker processes (multi_processing mode)."""
-    progress: bool = True
+    progress: bool = Field(True, json_schema_extra=NOT_OUTPUT)
     """Show a progress bar (videos processed) on local runners."""
 
     @model_validator(mode="after")

@@ -6,12 +6,12 @@ import time
 from pathlib import Path
 
 from standin_stages import record_call
-from vtg import lineage
+from vtg import checkpoints, lineage
 
 
 def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
     record_call(f"evaluate:{Path(checkpoint_dir).name}:{split}")
-    meta = json.loads((Path(checkpoint_dir) / "meta.json").read_text())
+    meta = checkpoints.read_checkpoint_meta(checkpoint_dir)
     content = lineage.tree_digest(Path(checkpoint_dir).resolve())[:16]
     stored = Path(cfg.evaluate.store_dir) / f"{Path(checkpoint_dir).resolve().name}-{content}-{split}.json"
     stored.parent.mkdir(parents=True, exist_ok=True)

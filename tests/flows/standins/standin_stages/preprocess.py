@@ -4,6 +4,8 @@ import tarfile
 from pathlib import Path
 
 from standin_stages import parse, write_json
+from vtg.lineage import file_digest
+from vtg.shards import MANIFEST, data_version_of
 
 args, cfg = parse("preprocess")
 records = [json.loads(x) for x in Path(cfg.preprocess.records).read_text().splitlines()]
@@ -19,6 +21,8 @@ for split in ("train", "val", "test"):
             info = tarfile.TarInfo(f"{r['video_id']}.0.json")
             info.size, info.mtime = len(data), 0
             tar.addfile(info, io.BytesIO(data))
-write_json(out / "manifest.json", {"counts": counts, "inputs": len(records), "num_frames": cfg.preprocess.num_frames})
+shards = [{"path": f"{s}/shard-000000.tar", "sha256": file_digest(out / s / "shard-000000.tar")} for s in counts]
+write_json(out / MANIFEST, {"counts": counts, "inputs": len(records), "num_frames": cfg.preprocess.num_frames,
+                            "shards": shards, "data_version": data_version_of(shards)})
 (out / "dead_letter.jsonl").write_text("")
 print(f"stand-in preprocess: {counts}")

@@ -5,8 +5,10 @@ import time
 from pathlib import Path
 
 from standin_stages import parse, write_json
+from vtg import checkpoints
 from vtg.config import config_hash
-from vtg.lineage import ENV_PARENT_RUN_ID, git_commit, tree_digest
+from vtg.lineage import ENV_PARENT_RUN_ID, git_commit
+from vtg.shards import data_version
 
 args, cfg = parse("train")
 out = Path(cfg.train.out_dir)
@@ -29,17 +31,14 @@ for step in range(1, cfg.train.max_steps + 1):
     if step % cfg.train.save_every == 0 or step == cfg.train.max_steps:
         final = out / f"step-{step:06d}"
         tmp = out / f".tmp-step-{step:06d}"
-        (tmp / "hf").mkdir(parents=True, exist_ok=True)
-        (tmp / "hf" / "model.safetensors").write_bytes(f"weights lr={cfg.train.lr} step={step}".encode())
-        write_json(tmp / "config.json", cfg.model_dump(mode="json"))
-        write_json(tmp / "meta.json", {"step": step, "data_version": tree_digest(cfg.train.shards_dir),
-                                       "git_commit": git_commit(), "mlflow_run_id": run_id,
-                                       "config_hash": config_hash(cfg), "finetune": "full", "base": "tiny"})
+        checkpoints.export_dir(tmp).mkdir(parents=True, exist_ok=True)
+        (checkpoints.export_dir(tmp) / "model.safetensors").write_bytes(f"weights lr={cfg.train.lr} step={step}".encode())
+        write_json(tmp / checkpoints.CONFIG_FILE, cfg.model_dump(mode="json"))
+        write_json(tmp / checkpoints.META_FILE, {"step": step, "data_version": data_version(cfg.train.shards_dir),
+                                                 "git_commit": git_commit(), "mlflow_run_id": run_id,
+                                                 "config_hash": config_hash(cfg), "finetune": "full", "base": "tiny"})
         tmp.rename(final)
-        latest = out / "latest"
-        if latest.is_symlink() or latest.exists():
-            latest.unlink()
-        latest.symlink_to(final.name)
+        checkpoints.write_pointer(out / checkpoints.LATEST, final, step=step)
         for spec in hooks:
             mod, _, fn = spec.partition(":")
             getattr(importlib.import_module(mod), fn)(str(final), step)

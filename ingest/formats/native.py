@@ -1,0 +1,35 @@
+"""Native jsonl: the canonical record's fields (`video_id, query, windows`, optional `duration_s`,
+`annotation_id`, `video_path`, `source`). Ingest's own output is valid input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, load_object
+from ingest.reasons import UNPARSABLE
+
+REQUIRED = ("video_id", "query", "windows")
+
+
+def parse_line(line: str, line_no: int, stem: str) -> RawItem | Rejected:
+    obj = load_object(line, REQUIRED, REQUIRED, "native", "annotation_id")
+    if isinstance(obj, Rejected):
+        return obj
+    aid = str(obj.get("annotation_id") or f"{stem}:{line_no}")
+    try:
+        windows = as_windows(obj["windows"])
+        duration = as_number(obj["duration_s"]) if obj.get("duration_s") is not None else None
+    except TypeError as e:
+        return Rejected(UNPARSABLE, str(e), aid)
+    if not isinstance(obj["query"], str):
+        return Rejected(UNPARSABLE, "query must be a string", aid)
+    extra = {k: obj[k] for k in ("video_path", "source") if isinstance(obj.get(k), str)}
+    return RawItem(str(obj["video_id"]), obj["query"], windows, duration, aid, extra)
+
+
+def parse(text: str, name: str = "") -> Iterator[Parsed]:
+    stem = Path(name).stem or "native"
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            yield no, line, parse_line(line, no, stem)

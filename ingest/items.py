@@ -1,0 +1,67 @@
+"""What a format reader yields: one `(line, raw, RawItem | Rejected)` per input item, in file order."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
+
+
+@dataclass(frozen=True)
+class RawItem:
+    """One parsed (video, query) annotation, not validated yet."""
+
+    video_id: str
+    query: str
+    windows: list[tuple[float, float]]
+    duration_s: float | None  # None: the format has none (Charades): probe the video
+    annotation_id: str
+    extra: dict = field(default_factory=dict)  # format-specific passthrough (native: video_path, source)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An item the reader could not turn into a RawItem."""
+
+    reason: str
+    detail: str
+    annotation_id: str | None = None
+
+
+Parsed = tuple[int, str, RawItem | Rejected]
+
+
+def as_number(value: object) -> float:
+    """A JSON number (NaN/inf allowed, validated later); anything else raises TypeError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
+def load_object(line: str, required: tuple[str, ...], known: tuple[str, ...], what: str,
+                id_key: str | None) -> dict | Rejected:
+    """One JSON-object line with `required` keys, else why not (no `known` key at all: another format)."""
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        return Rejected(UNPARSABLE, f"not JSON ({e})")
+    if not isinstance(obj, dict) or not any(k in obj for k in known):
+        return Rejected(UNKNOWN_FORMAT, f"not a {what} record (expected keys {', '.join(required)})")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        aid = str(obj[id_key]) if id_key and obj.get(id_key) is not None else None
+        return Rejected(UNPARSABLE, f"missing key(s) {', '.join(missing)}", aid)
+    return obj
+
+
+def as_windows(value: object) -> list[tuple[float, float]]:
+    if not isinstance(value, list) or not value:
+        raise TypeError(f"windows must be a non-empty list of [start, end], got {value!r}")
+    out = []
+    for w in value:
+        if not isinstance(w, list | tuple) or len(w) != 2:
+            raise TypeError(f"window {w!r} is not [start, end]")
+        out.append((as_number(w[0]), as_number(w[1])))
+    return out
+

@@ -1,0 +1,116 @@
+"""Ingest every annotation file into canonical records + dead letters + a summary that reconciles."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ingest import reasons as R
+from ingest.detect import detect_format, expand_annotation_paths
+from ingest.formats import READERS
+from ingest.items import Rejected
+from ingest.validate import Invalid, Probe, to_record
+from ingest.videos import VideoIndex, probe_duration
+from vtg.config import IngestConfig, config_hash
+from vtg.errors import VTGError
+
+
+class FileTally:
+    def __init__(self, path: Path, fmt: str):
+        self.path, self.format = path, fmt
+        self.inputs = self.records = self.clipped = 0
+        self.reasons: Counter[str] = Counter()
+
+    def as_dict(self) -> dict:
+        return {"file": str(self.path), "format": self.format, "inputs": self.inputs, "records": self.records,
+                "dead_letters": sum(self.reasons.values()), "clipped": self.clipped,
+                "by_reason": dict(sorted(self.reasons.items()))}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise VTGError(f"{path}: not UTF-8 text (byte {e.start}); is this an annotation file?") from None
+
+
+def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, probe: Probe,
+                seen_ids: set[str], records: list, dead: list, progress: Progress | None = None) -> FileTally:
+    text = _read_text(path)
+    fmt = detect_format(path, text) if fmt == "auto" else fmt
+    tally = FileTally(path, fmt)
+    source = f"{fmt}:{path.as_posix()}"
+    task = progress.add_task(path.name, total=len(text.splitlines()) or None) if progress else None
+    for line, raw, item in READERS[fmt](text, str(path)):
+        tally.inputs += 1
+        try:
+            if isinstance(item, Rejected):
+                raise Invalid(item.reason, item.detail)
+            if item.annotation_id in seen_ids:
+                raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} was seen before")
+            record, clipped = to_record(item, source, videos, tolerance, probe)
+        except Invalid as e:
+            tally.reasons[e.reason] += 1
+            dead.append({"file": path.as_posix(), "line": line, "format": fmt, "reason": e.reason, "detail": e.detail,
+                         "annotation_id": getattr(item, "annotation_id", None), "raw": raw})
+        else:
+            seen_ids.add(record.annotation_id)
+            tally.records += 1
+            tally.clipped += clipped
+            records.append(record)
+        if task is not None:
+            progress.update(task, completed=line)
+    return tally
+
+
+def _write_jsonl(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            obj = row.model_dump(mode="json") if hasattr(row, "model_dump") else row
+            f.write(json.dumps(obj, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration) -> dict:
+    """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary."""
+    try:
+        return _ingest(cfg, progress, probe)
+    except OSError as e:
+        raise VTGError(f"{e.filename}: {e.strerror or e}; check the ingest.* paths") from None
+
+
+def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
+    t0 = time.perf_counter()
+    files = expand_annotation_paths(cfg.annotations)
+    videos = VideoIndex(cfg.video_root)
+    records: list = []
+    dead: list[dict] = []
+    seen: set[str] = set()
+    cols = (TextColumn("ingest {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, disable=not progress, transient=True) as bar:
+        tallies = [ingest_file(f, cfg.format, videos, cfg.end_tolerance_s, probe, seen, records, dead,
+                               bar if progress else None) for f in files]
+    inputs = sum(t.inputs for t in tallies)
+    assert inputs == len(records) + len(dead), "ingest lost items: inputs != records + dead letters"
+    _write_jsonl(Path(cfg.out), records)
+    _write_jsonl(Path(cfg.dead_letter), dead)
+    by_reason = Counter(d["reason"] for d in dead)
+    summary = {
+        "inputs": inputs, "records": len(records), "dead_letters": len(dead),
+        "reconciled": inputs == len(records) + len(dead),
+        "clipped": sum(t.clipped for t in tallies), "by_reason": dict(sorted(by_reason.items())),
+        "videos": len({r.video_id for r in records}), "videos_indexed": len(videos),
+        "files": [t.as_dict() for t in tallies],
+        "outputs": {"records": cfg.out, "dead_letter": cfg.dead_letter},
+        "config_hash": config_hash(cfg), "seconds": round(time.perf_counter() - t0, 3),
+    }
+    Path(cfg.summary).parent.mkdir(parents=True, exist_ok=True)
+    Path(cfg.summary).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return summary

@@ -1,0 +1,83 @@
+"""RawItem -> CanonicalRecord, or the reason it goes to the dead-letter file (DESIGN.md §3 rules)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from ingest import reasons as R
+from ingest.items import RawItem
+from ingest.videos import VideoIndex
+from vtg.records import CanonicalRecord
+
+Probe = Callable[[str], tuple[float | None, str]]
+
+
+class Invalid(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def check_windows(windows: list[tuple[float, float]]) -> None:
+    for s, e in windows:
+        if not (math.isfinite(s) and math.isfinite(e)):
+            raise Invalid(R.NOT_FINITE, f"window [{s}, {e}] is not finite")
+        if s < 0:
+            raise Invalid(R.NEGATIVE_START, f"window [{s}, {e}] starts before 0")
+        if s >= e:
+            raise Invalid(R.START_GE_END, f"window [{s}, {e}] has start >= end")
+
+
+def resolve_duration(item: RawItem, path: str, probe: Probe) -> float:
+    if item.duration_s is None:
+        duration, why = probe(path)
+        if duration is None:
+            raise Invalid(R.UNPROBEABLE_VIDEO, f"{path}: {why}")
+        return duration
+    if not (math.isfinite(item.duration_s) and item.duration_s > 0):
+        raise Invalid(R.BAD_DURATION, f"duration {item.duration_s} is not a positive number")
+    return item.duration_s
+
+
+def clip_windows(windows: list[tuple[float, float]], duration: float, tolerance: float) -> tuple[list, bool]:
+    out, clipped = [], False
+    for s, e in windows:
+        if e > duration + tolerance:
+            raise Invalid(R.END_BEYOND_DURATION,
+                          f"window [{s}, {e}] ends {e - duration:.3f} s after the video ({duration:.3f} s; "
+                          f"tolerance {tolerance} s)")
+        if e > duration:
+            e, clipped = duration, True
+            if s >= e:
+                raise Invalid(R.END_BEYOND_DURATION, f"window starts at {s} >= duration {duration:.3f} s")
+        out.append((s, e))
+    return out, clipped
+
+
+def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
+              probe: Probe) -> tuple[CanonicalRecord, bool]:
+    """(record, whether a window end was clipped to the duration); raises `Invalid`."""
+    if not item.query.strip():
+        raise Invalid(R.EMPTY_QUERY, "the query text is empty")
+    if not item.windows:
+        raise Invalid(R.UNPARSABLE, "no ground-truth window")
+    check_windows(item.windows)
+    path = item.extra.get("video_path")  # native records may carry their path; else look the id up
+    if not (path and os.path.isfile(path)):
+        path = videos.locate(item.video_id)
+    if path is None:
+        raise Invalid(R.MISSING_VIDEO, f"no video file for id {item.video_id!r} under {videos.root} "
+                                       "(.mp4 .avi .mkv .webm .mov)")
+    duration = resolve_duration(item, path, probe)
+    windows, clipped = clip_windows(item.windows, duration, tolerance)
+    try:
+        record = CanonicalRecord(video_id=item.video_id, video_path=path, duration_s=duration, query=item.query,
+                                 windows=windows, source=item.extra.get("source", source),
+                                 annotation_id=item.annotation_id)
+    except ValidationError as e:
+        raise Invalid(R.UNPARSABLE, "; ".join(err["msg"] for err in e.errors())) from None
+    return record, clipped

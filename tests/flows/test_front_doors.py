@@ -1,0 +1,86 @@
+"""Both front doors on the REAL stages at a tiny scale, each in a fresh git + DVC project (a user's clone):
+
+- `dvc repro` twice (the second runs nothing), `dvc checkout`, `dvc repro` again: nothing runs, nothing breaks,
+  no stage writes into another's outputs and no pointer inside a DVC output is a symlink; then `make run`'s flow
+  skips every stage;
+- `python -m flows` (what `make run` runs) in another clone: `dvc status` is clean afterwards and `dvc repro` runs
+  nothing; both clones hold the same `reports/eval/metrics.json` content.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project
+
+STAGES = ["corpus", "ingest", "preprocess", "train", "evaluate"]
+
+
+def sh(cmd: list[str], cwd: Path, timeout: float = 900) -> str:
+    r = subprocess.run(cmd, cwd=cwd, env=project_env(cwd, PYTHONPATH=""), capture_output=True, text=True,
+                       timeout=timeout, check=False)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    return r.stdout + r.stderr
+
+
+def dvc(cwd: Path, *args: str) -> str:
+    return sh([str(BIN / "dvc"), *args], cwd)
+
+
+def ran(out: str) -> list[str]:
+    return [s for s in STAGES if f"Running stage '{s}'" in out]
+
+
+def lock_outs(cwd: Path) -> dict[str, str]:
+    lock = yaml.safe_load((cwd / "dvc.lock").read_text())["stages"]
+    return {o["path"]: o["md5"] for s in lock.values() for o in s.get("outs", [])}
+
+
+@pytest.mark.slow
+def test_dvc_repro_twice_checkout_then_the_flow_skips_everything(tmp_path: Path):
+    p = real_project(tmp_path / "repro")
+    first = dvc(p, "repro")
+    assert ran(first) == STAGES
+    assert outputs_with_symlinks(p) == []
+    pointer = json.loads((p / "checkpoints" / "latest").read_text())
+    best = json.loads((p / "reports" / "eval" / "best.json").read_text())
+    assert pointer == {"checkpoint": "step-000004", "step": 4} and best["checkpoint"].startswith("../../checkpoints/")
+    # evaluate wrote nothing into train's output: the lock's checkpoints md5 is what training left
+    outs = lock_outs(p)
+    assert sorted(x.name for x in (p / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
+
+    second = dvc(p, "repro")
+    assert ran(second) == [] and "Data and pipelines are up to date" in second
+    dvc(p, "checkout")
+    third = dvc(p, "repro")
+    assert ran(third) == [] and lock_outs(p) == outs
+    assert json.loads((p / "checkpoints" / "latest").read_text()) == pointer
+    assert dvc(p, "status").strip().endswith("Data and pipelines are up to date.")
+
+    flow = sh([PY, "-m", "flows"], p)
+    assert flow.count("Cached('up to date (dvc.lock)'") == len(STAGES), flow[-3000:]
+    assert not any(f"[{s}] $ " in flow for s in STAGES)
+    assert "Data and pipelines are up to date" in dvc(p, "status")
+    (tmp_path / "repro-metrics.json").write_text((p / "reports/eval/metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_make_run_leaves_dvc_clean_and_writes_what_dvc_repro_writes(tmp_path: Path):
+    p = real_project(tmp_path / "flow")
+    flow = sh([PY, "-m", "flows"], p)
+    assert "=== post-training finished" in flow
+    assert "Data and pipelines are up to date" in dvc(p, "status")
+    again = dvc(p, "repro")
+    assert ran(again) == []
+    assert outputs_with_symlinks(p) == []
+
+    q = real_project(tmp_path / "repro")
+    dvc(q, "repro")
+    flow_metrics = json.loads((p / "reports/eval/metrics.json").read_text())
+    repro_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
+    assert flow_metrics == repro_metrics and flow_metrics["split"] == "test"
+    assert (p / "reports/eval/best.json").read_text() == (q / "reports/eval/best.json").read_text()

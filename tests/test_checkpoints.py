@@ -1,0 +1,96 @@
+"""The checkpoint directory contract (`vtg.checkpoints`): atomic finalize, plain-file pointers, pruning that keeps
+a protected (best) checkpoint, moving a root aside instead of deleting it, corrupt-dir errors."""
+
+import json
+import shutil
+
+import pytest
+
+from vtg.checkpoints import (
+    export_dir,
+    finalize,
+    latest_checkpoint,
+    list_checkpoints,
+    move_aside,
+    read_checkpoint_meta,
+    read_pointer,
+    resolve_checkpoint,
+    temp_dir_for,
+    write_pointer,
+)
+from vtg.errors import VTGError
+
+META = {"data_version": "d", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h",
+        "finetune": "full", "base": "tiny"}
+
+
+def _save(root, step, keep=2, protect=()):
+    tmp = temp_dir_for(root, step)
+    export_dir(tmp).mkdir(parents=True)
+    (export_dir(tmp) / "config.json").write_text("{}")
+    return finalize(root, step, dict(META), {"train": {}}, keep_last=keep, protect=protect)
+
+
+def test_finalize_points_latest_and_prunes(tmp_path):
+    for step in (10, 20, 30):
+        _save(tmp_path, step)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000020", "step-000030"]
+    assert latest_checkpoint(tmp_path).name == "step-000030"
+    assert resolve_checkpoint(tmp_path / "latest").name == "step-000030"
+    assert resolve_checkpoint(tmp_path).name == "step-000030"
+    meta = read_checkpoint_meta(tmp_path / "latest")
+    assert meta["step"] == 30 and meta["data_version"] == "d"
+    assert not list(tmp_path.glob(".tmp-*"))
+    pointer = tmp_path / "latest"  # a plain JSON file (DVC's cache, object stores and copies keep it)
+    assert pointer.is_file() and not pointer.is_symlink()
+    assert json.loads(pointer.read_text()) == {"checkpoint": "step-000030", "step": 30}
+
+
+def test_pointers_survive_a_copy_and_the_protected_checkpoint_is_never_pruned(tmp_path):
+    root, reports = tmp_path / "ckpt", tmp_path / "reports"
+    first = _save(root, 10)
+    write_pointer(reports / "best.json", first, step=10, metric="r1@0.5", value=0.5)
+    _save(root, 20, keep=1, protect=[read_pointer(reports / "best.json")["path"]])
+    _save(root, 30, keep=1, protect=[read_pointer(reports / "best.json")["path"]])
+    assert (root / "step-000010").is_dir() and not (root / "step-000020").exists()
+    assert resolve_checkpoint(reports / "best.json").name == "step-000010"
+    copy = tmp_path / "clone"  # a copy elsewhere (a clone, `dvc checkout`): relative pointers still resolve
+    shutil.copytree(root, copy / "ckpt")
+    shutil.copytree(reports, copy / "reports")
+    assert resolve_checkpoint(copy / "reports" / "best.json") == (copy / "ckpt" / "step-000010").resolve()
+    assert resolve_checkpoint(copy / "ckpt" / "latest") == (copy / "ckpt" / "step-000030").resolve()
+
+
+def test_older_symlink_pointer_is_read_and_replaced(tmp_path):
+    _save(tmp_path, 10)
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to("step-000010")
+    assert resolve_checkpoint(tmp_path / "latest").name == "step-000010"
+    _save(tmp_path, 20)
+    assert not (tmp_path / "latest").is_symlink() and resolve_checkpoint(tmp_path).name == "step-000020"
+
+
+def test_move_aside_keeps_every_file(tmp_path):
+    root = tmp_path / "checkpoints"
+    _save(root, 10)
+    moved = move_aside(root, "other train settings")
+    assert not root.exists() and moved.name.startswith("checkpoints-superseded-")
+    assert read_checkpoint_meta(moved / "step-000010")["step"] == 10
+    _save(root, 10)
+    assert move_aside(root, "again") != moved and moved.is_dir()
+
+
+def test_half_written_and_corrupt_checkpoints_are_clear_errors(tmp_path):
+    half = tmp_path / "step-000005"
+    (half / "hf").mkdir(parents=True)
+    with pytest.raises(VTGError, match="incomplete checkpoint"):
+        read_checkpoint_meta(half)
+    (half / "meta.json").write_text("{not json")
+    with pytest.raises(VTGError, match="corrupt checkpoint metadata"):
+        read_checkpoint_meta(half)
+    (half / "meta.json").write_text(json.dumps({"step": 5}))
+    with pytest.raises(VTGError, match="lacks"):
+        read_checkpoint_meta(half)
+    with pytest.raises(VTGError, match="no checkpoint directory"):
+        read_checkpoint_meta(tmp_path / "nope")
+    assert latest_checkpoint(tmp_path) is None

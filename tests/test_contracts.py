@@ -1,0 +1,62 @@
+"""Contracts have one home: stages meet only through the shared core (`vtg`), the checkpoint layout is spelled
+only in `vtg/checkpoints.py`, and the best checkpoint is chosen in one place."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows", "infra", "benchmarks")
+LAYOUT_NAMES = {"meta.json", "hf", "latest", "engine", "best.json"}
+LAYOUT_PATTERN = re.compile(r"^(rank-|step-|\.tmp-step)")
+
+
+def _modules(*packages: str):
+    for pkg in packages:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_evaluation_and_flows_import_nothing_from_training():
+    bad = [f"{p.relative_to(REPO)}: {m}" for p, tree in _modules("evaluation", "flows", "vtg")
+           for m in _imported(tree) if m == "training" or m.startswith("training.")]
+    assert bad == [], "contracts shared with training belong in the core (vtg):\n" + "\n".join(bad)
+
+
+def test_stage_packages_do_not_import_each_other():
+    stages = {"corpus", "ingest", "beam_jobs", "training", "evaluation"}
+    bad = [f"{p.relative_to(REPO)}: {m}" for pkg in stages for p, tree in _modules(pkg)
+           for m in _imported(tree) if m.split(".")[0] in stages - {pkg}]
+    assert bad == [], "\n".join(bad)
+
+
+def test_checkpoint_layout_is_spelled_only_in_the_checkpoint_module():
+    found = []
+    for path, tree in _modules(*PACKAGES):
+        if path == REPO / "vtg" / "checkpoints.py":
+            continue
+        for node in ast.walk(tree):
+            parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+            for v in parts:
+                if isinstance(v, ast.Constant) and isinstance(v.value, str) and (
+                        v.value in LAYOUT_NAMES or LAYOUT_PATTERN.match(v.value)):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {v.value!r}")
+    assert found == [], "use vtg.checkpoints (paths, pointers, meta) instead of:\n" + "\n".join(found)
+
+
+def test_one_pick_best():
+    defs = [f"{p.relative_to(REPO)}" for p, tree in _modules(*PACKAGES) for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.name == "pick_best"]
+    assert defs == ["evaluation/registry.py"]

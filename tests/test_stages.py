@@ -1,0 +1,93 @@
+"""The stage graph (`vtg.stages`): dvc.yaml read once, and "is this stage done?" answered from dvc.lock the same
+way for `dvc repro` and the flow, in a real git + DVC repository."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vtg import stages
+from vtg.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+DVC = str(Path(sys.executable).with_name("dvc"))
+STAGE_CMD = ("python -c \"import yaml, pathlib; p = yaml.safe_load(open('params.yaml'))['train']; "
+             "pathlib.Path('ckpt').mkdir(exist_ok=True); pathlib.Path('ckpt/lr').write_text(str(p['lr']))\"")
+
+
+def _run(cwd: Path, *cmd: str) -> str:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False,
+                       env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "step.py").write_text("x = 1\n")
+    (tmp_path / "params.yaml").write_text("train:\n  lr: 0.1\n  progress: true\n")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": {
+        "cmd": STAGE_CMD, "deps": ["code"], "params": ["train"], "outs": [{"ckpt": {"persist": True}}]}}}))
+    _run(tmp_path, "git", "init", "-q")
+    _run(tmp_path, DVC, "init", "-q")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_shipped_graph_declares_code_deps_and_persistent_checkpoints():
+    graph = stages.load_graph(REPO)
+    assert list(graph) == ["corpus", "ingest", "preprocess", "train", "evaluate"]
+    assert "vtg/answer.py" in graph["train"].code_paths(REPO) and "training" in graph["train"].code_paths(REPO)
+    assert graph["preprocess"].code_paths(REPO) == ("beam_jobs", "vtg/shards.py", "vtg/records.py")
+    assert "data/shards" not in graph["train"].code_paths(REPO)
+    assert graph["train"].persist == ("checkpoints",) and "reports/eval/best.json" in graph["evaluate"].outs
+    for name, st in graph.items():  # every params section is a config section
+        assert set(st.params) <= set(load_config(REPO / "params.yaml").model_fields), name
+
+
+def test_code_digest_follows_the_code_deps(repo: Path):
+    before = stages.code_digest("train", repo)
+    (repo / "code" / "step.py").write_text("x = 2\n")
+    assert stages.code_digest("train", repo) != before
+
+
+def test_status_agrees_with_dvc_and_ignores_only_fields_that_do_not_change_the_output(repo: Path):
+    cfg = load_config("params.yaml")
+    assert "not in dvc.lock" in str(stages.status("train", cfg))
+    _run(repo, DVC, "repro", "-q")
+    assert stages.status("train", cfg).up_to_date
+    assert stages.status("train", load_config("params.yaml", None, ["train.progress=false"])).up_to_date
+    changed = stages.status("train", load_config("params.yaml", None, ["train.lr=0.5"]))
+    assert not changed.up_to_date and "param train.lr changed" in changed.reasons
+    (repo / "code" / "step.py").write_text("x = 2\n")
+    st = stages.status("train", cfg)
+    assert not st.up_to_date and any("code" in r for r in st.reasons)
+    _run(repo, DVC, "repro", "-q")
+    (repo / "ckpt" / "lr").write_text("tampered")
+    st = stages.status("train", cfg)
+    assert not st.up_to_date and any("outs ckpt" in r for r in st.reasons)
+
+
+def test_record_writes_the_params_the_outputs_were_made_from(repo: Path):
+    override = load_config("params.yaml", None, ["train.lr=0.5"])
+    (repo / "ckpt").mkdir()
+    (repo / "ckpt" / "lr").write_text("0.5")
+    stages.record("train", override)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]
+    assert lock["params"]["params.yaml"]["train"]["lr"] == 0.5 and lock["outs"][0]["path"] == "ckpt"
+    assert stages.status("train", override).up_to_date  # the same override: done
+    assert not stages.status("train", load_config("params.yaml")).up_to_date
+    assert "train" in _run(repo, DVC, "status", "train")  # DVC agrees: params.yaml says otherwise
+    _run(repo, DVC, "repro", "-q")  # rebuilt from params.yaml
+    assert (repo / "ckpt" / "lr").read_text() == "0.1" and stages.status("train", load_config("params.yaml")).up_to_date
+    # a field that does not change the output: the flow records params.yaml's value, so `dvc status` stays clean
+    quiet = load_config("params.yaml", None, ["train.progress=false"])
+    (repo / "params.yaml").write_text("train:\n  lr: 0.1\n  progress: false\n")
+    assert stages.status("train", quiet).up_to_date and stages.sync_params("train", quiet)
+    assert "up to date" in _run(repo, DVC, "status").lower() or _run(repo, DVC, "status").strip() == ""

@@ -1,0 +1,117 @@
+"""The model side that training and evaluation share: build, load (full or LoRA export), attention choice.
+
+Evaluation runs in its own process on a checkpoint's `hf/` export and calls only `load_model_and_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from vtg.errors import VTGError
+from vtg.model.tiny import build_tiny_model
+
+__all__ = [
+    "apply_finetune_mode",
+    "build_tiny_model",
+    "choose_attn_implementation",
+    "count_parameters",
+    "load_model_and_tokenizer",
+    "resolve_base",
+]
+
+log = logging.getLogger(__name__)
+
+
+def choose_attn_implementation(requested: str = "auto", device: str | torch.device = "cpu") -> str:
+    """`auto` -> flash_attention_2 only with CUDA and flash-attn installed, else sdpa. Logs the choice once."""
+    on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    if requested == "auto":
+        from transformers.utils import is_flash_attn_2_available
+
+        choice = "flash_attention_2" if on_cuda and is_flash_attn_2_available() else "sdpa"
+        why = "CUDA + flash-attn available" if choice == "flash_attention_2" else (
+            "no CUDA device" if not on_cuda else "flash-attn not installed")
+    else:
+        choice, why = requested, "requested in config"
+        if choice == "flash_attention_2" and not on_cuda:
+            raise VTGError("attn_implementation=flash_attention_2 needs a CUDA device; use auto or sdpa on CPU")
+    log.info("attention implementation: %s (%s)", choice, why)
+    return choice
+
+
+def resolve_base(base: str, seed: int = 0) -> str:
+    """`tiny` -> the cached tiny model directory; anything else (hub id or local path) unchanged."""
+    return str(build_tiny_model(seed=seed)) if base == "tiny" else base
+
+
+def _default_dtype(device: str | torch.device) -> torch.dtype:
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str = "auto",
+                             device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Load a full HF export, a LoRA adapter export (adapter + its base), or `tiny`. Returns (model, tokenizer).
+
+    The tokenizer comes from the export when it holds one (every checkpoint `hf/` does), else from the base.
+    """
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    path = Path(str(path_or_id))
+    source = resolve_base(str(path_or_id)) if str(path_or_id) == "tiny" else str(path_or_id)
+    attn = choose_attn_implementation(attn_implementation, device)
+    dtype = dtype or _default_dtype(device)
+    adapter_cfg = path / "adapter_config.json"
+    try:
+        if adapter_cfg.is_file():
+            from peft import PeftModel
+
+            base = json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")
+            if not base:
+                raise VTGError(f"{adapter_cfg}: no base_model_name_or_path; cannot load the LoRA base")
+            model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
+            model = PeftModel.from_pretrained(model, str(path))
+            tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base
+        else:
+            model = AutoModelForImageTextToText.from_pretrained(source, attn_implementation=attn, dtype=dtype)
+            tok_src = source
+        tokenizer = AutoTokenizer.from_pretrained(tok_src)
+    except (OSError, ValueError) as e:
+        raise VTGError(f"cannot load model from {path_or_id}: {str(e).splitlines()[0]}") from None
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def apply_finetune_mode(model, finetune: str, *, lora_r: int = 16, lora_alpha: int = 32,
+                        freeze_vision: bool = False):
+    """Full fine-tuning (optionally with the vision tower frozen) or peft LoRA on the language model."""
+    visual = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else None
+    if finetune == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        # Adapters on the language model, and on the vision blocks (qkv/proj) unless the tower is frozen, so
+        # that an adapter-only export holds everything that trained.
+        targets = LORA_TARGETS if freeze_vision else LORA_TARGETS + ["qkv", "proj"]
+        cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets,
+                         exclude_modules=r".*visual.*" if freeze_vision else None)
+        model = get_peft_model(model, cfg)
+    elif freeze_vision and visual is not None:
+        for p in visual.parameters():
+            p.requires_grad_(False)
+    return model
