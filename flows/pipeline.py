@@ -72,6 +72,8 @@ def post_training(params: str = "params.yaml", experiment: str | None = None,
     except BaseException:
         tracking.finish(cfg, parent, "FAILED")
         raise
+    for name, step in summary["stages"].items():
+        step["dvc_s"] = round(tasks.DVC_SECONDS.get(name, 0.0), 2)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
     summary["report"] = _with_retries(tasks.write_report, cfg)(cfg, summary)
     tracking.finish(cfg, parent)

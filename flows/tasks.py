@@ -33,6 +33,7 @@ from vtg.errors import VTGError
 from vtg.shards import MANIFEST, data_version
 
 HOOK = "flows.events:on_checkpoint_saved"
+DVC_SECONDS: dict[str, float] = {}  # stage -> seconds spent asking and updating dvc.lock (the report shows them)
 _evaluators: dict[str, subprocess.Popen] = {}  # queue path -> embedded evaluator process (same flow process)
 
 
@@ -67,7 +68,9 @@ def _up_to_date(stage: str, cfg: PipelineConfig, result: dict[str, Any], parent:
 
     A skipped stage still gets its child run under this pipeline run (params, `vtg.status`), so the lineage of
     every pipeline run is complete whichever door built the outputs."""
+    t0 = time.perf_counter()
     st = stages.status(stage, cfg)
+    DVC_SECONDS[stage] = DVC_SECONDS.get(stage, 0.0) + time.perf_counter() - t0
     logger = get_run_logger()
     if not st.up_to_date:
         logger.info("%s must run: %s", stage, st)
@@ -81,12 +84,18 @@ def _up_to_date(stage: str, cfg: PipelineConfig, result: dict[str, Any], parent:
     return Completed(name="Cached", data={**result, "status": "up to date"}, message=str(st))
 
 
+def _record(stage: str, cfg: PipelineConfig) -> None:
+    t0 = time.perf_counter()
+    stages.record(stage, cfg)
+    DVC_SECONDS[stage] = DVC_SECONDS.get(stage, 0.0) + time.perf_counter() - t0
+
+
 @_stage_task("build-corpus")
 def build_corpus(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
     if cached := _up_to_date("corpus", cfg, {"out_dir": cfg.corpus.out_dir}, parent):
         return cached
     r = run_stage("corpus", module_cmd(cfg.orchestration.stages.corpus, args.argv()), on_line=_stream("corpus"))
-    stages.record("corpus", cfg)
+    _record("corpus", cfg)
     run_id = tracking.stage_run(cfg, parent, "corpus", params={"corpus": cfg.corpus.model_dump(mode="json")},
                                 metrics={"seconds": r.seconds})
     return {"out_dir": cfg.corpus.out_dir, "seconds": r.seconds, "mlflow_run_id": run_id}
@@ -97,7 +106,7 @@ def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: st
     if cached := _up_to_date("ingest", cfg, {"summary": _read_json(cfg.ingest.summary)}, parent):
         return cached
     r = run_stage("ingest", module_cmd(cfg.orchestration.stages.ingest, args.argv()), on_line=_stream("ingest"))
-    stages.record("ingest", cfg)
+    _record("ingest", cfg)
     summary = _read_json(cfg.ingest.summary)
     run_id = tracking.stage_run(cfg, parent, "ingest", params={"ingest": cfg.ingest.model_dump(mode="json")},
                                 metrics={**_numbers(summary), "seconds": r.seconds},
@@ -113,7 +122,7 @@ def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source
         return cached
     r = run_stage("preprocess", module_cmd(cfg.orchestration.stages.preprocess, args.argv()),
                   on_line=_stream("preprocess"))
-    stages.record("preprocess", cfg)
+    _record("preprocess", cfg)
     manifest = _read_json(out / MANIFEST)
     version = data_version(out)
     run_id = tracking.stage_run(
@@ -233,7 +242,7 @@ def train(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id
         r = run_stage("train", cmd, env={**launch_env, **env}, on_line=_stream("train"))
     finally:
         append_jsonl(queue, {"done": True})
-    stages.record("train", cfg)
+    _record("train", cfg)
     return {**_trained(cfg), "eval_mode": mode, "seconds": r.seconds}
 
 
@@ -297,7 +306,7 @@ def evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
     env = {lineage.ENV_PARENT_RUN_ID: parent} if parent else {}
     r = run_stage("evaluate", module_cmd(cfg.orchestration.stages.evaluate, args.argv()), env=env,
                   on_line=_stream("evaluate"))
-    stages.record("evaluate", cfg)
+    _record("evaluate", cfg)
     return {**evaluate_outputs(cfg), "seconds": r.seconds, "out_dir": str(out)}
 
 
@@ -336,7 +345,8 @@ def report_markdown(s: dict[str, Any]) -> str:
         lines += ["", s["evaluation_markdown"].rstrip()]
     stages_ = s.get("stages", {})
     if stages_:
-        lines += ["", "## Steps", "", "| step | status | seconds | MLflow run |", "| --- | --- | --- | --- |"]
-        lines += [f"| {k} | {v.get('status', 'ran')} | {v.get('seconds', 0):.1f} | {v.get('mlflow_run_id') or '-'} |"
-                  for k, v in stages_.items()]
+        lines += ["", "## Steps", "", "| step | status | stage process s | dvc.lock s | MLflow run |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {k} | {v.get('status', 'ran')} | {v.get('seconds', 0):.1f} | {v.get('dvc_s', 0):.1f} | "
+                  f"{v.get('mlflow_run_id') or '-'} |" for k, v in stages_.items()]
     return "\n".join(lines) + "\n"

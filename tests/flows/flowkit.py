@@ -114,7 +114,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 CODE = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows")
 TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipeline on 2 cores
-    "corpus.n_videos": 12, "corpus.workers": 1, "preprocess.direct_num_workers": 1,
+    "corpus.n_videos": 40, "corpus.workers": 1, "preprocess.direct_num_workers": 1,
     "train.max_steps": 4, "train.save_every": 2, "train.micro_batch_size": 4, "train.data.num_workers": 0,
     "train.data.sanity_examples": 4, "train.progress": False, "evaluate.max_examples": 6,
     "evaluate.baselines": ["prior"], "orchestration.task_retries": 0,

@@ -75,3 +75,15 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     assert chain["train_run"] and chain["train_params"]["lr"] == "0.003" and chain["step"] == 8
     assert chain["flow_run"] in first.stderr and chain["preprocess"]["preprocess.num_frames"]
     assert {e["split"] for e in chain["evals"]} >= {"val", "test"}
+
+    # A code dependency dvc.yaml lists (the answer format) changed: the flow reruns exactly the stages that
+    # depend on it, as `dvc repro` would; a second run then skips everything.
+    with (project / "vtg" / "answer.py").open("a") as f:
+        f.write("\n# answer format v2\n")
+    before = len(stage_calls(project))
+    third = run([PY, "-m", "flows", *overrides], project, env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert stage_calls(project)[before:] == ["train", "evaluate-cli"]
+    fourth = run([PY, "-m", "flows", *overrides], project, env)
+    assert fourth.returncode == 0 and stage_calls(project)[before:] == ["train", "evaluate-cli"]
+    assert (fourth.stdout + fourth.stderr).count("Cached('up to date (dvc.lock)'") == 5

@@ -79,4 +79,4 @@ def test_report_has_lineage_the_evaluation_part_and_every_step():
                           "stages": {"train": {"seconds": 12.0, "mlflow_run_id": "r"},
                                      "ingest": {"status": "up to date", "mlflow_run_id": None}}})
     assert "| data_version | `dv1` |" in md and "| r1@0.5 | 0.9000 | 0.3000 |" in md
-    assert "| train | ran | 12.0 | r |" in md and "| ingest | up to date | 0.0 | - |" in md
+    assert "| train | ran | 12.0 | 0.0 | r |" in md and "| ingest | up to date | 0.0 | 0.0 | - |" in md

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project
+from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, set_params
 
 STAGES = ["corpus", "ingest", "preprocess", "train", "evaluate"]
 
@@ -65,7 +65,19 @@ def test_dvc_repro_twice_checkout_then_the_flow_skips_everything(tmp_path: Path)
     assert flow.count("Cached('up to date (dvc.lock)'") == len(STAGES), flow[-3000:]
     assert not any(f"[{s}] $ " in flow for s in STAGES)
     assert "Data and pipelines are up to date" in dvc(p, "status")
-    (tmp_path / "repro-metrics.json").write_text((p / "reports/eval/metrics.json").read_text())
+
+    # Extending the run in the DVC door resumes it: the old checkpoints stay, training continues from step 4.
+    set_params(p, **{"train.max_steps": 6})
+    extended = dvc(p, "repro")
+    assert ran(extended) == ["train", "evaluate"] and "resumed from" in extended and "step 4" in extended
+    assert sorted(x.name for x in (p / "checkpoints").glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
+    assert not list(tmp_path.glob("repro/checkpoints-superseded-*"))
+    # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them).
+    set_params(p, **{"train.lr": 0.001})
+    fresh = dvc(p, "repro")
+    assert ran(fresh) == ["train", "evaluate"] and "moved the checkpoints" in fresh
+    [aside] = p.glob("checkpoints-superseded-*")
+    assert sorted(x.name for x in aside.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
 
 
 @pytest.mark.slow
@@ -73,6 +85,17 @@ def test_make_run_leaves_dvc_clean_and_writes_what_dvc_repro_writes(tmp_path: Pa
     p = real_project(tmp_path / "flow")
     flow = sh([PY, "-m", "flows"], p)
     assert "=== post-training finished" in flow
+    # one data version: the manifest's, in every checkpoint's meta and on the MLflow runs
+    version = json.loads((p / "data/shards/manifest.json").read_text())["data_version"]
+    metas = [json.loads((c / "meta.json").read_text()) for c in sorted((p / "checkpoints").glob("step-*"))]
+    assert version and {m["data_version"] for m in metas} == {version}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{p / 'mlflow.db'}")
+    train_run = client.get_run(metas[-1]["mlflow_run_id"])
+    assert train_run.data.tags["vtg.data_version"] == version
+    pipeline = client.get_run(train_run.data.tags["mlflow.parentRunId"])
+    assert pipeline.data.tags["vtg.data_version"] == version
     assert "Data and pipelines are up to date" in dvc(p, "status")
     again = dvc(p, "repro")
     assert ran(again) == []
