@@ -56,5 +56,9 @@ dry-run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Moves the pipeline's outputs aside (nothing is deleted: checkpoints and data are the user's); say where.
 clean:
-	rm -rf data/interim data/shards checkpoints reports mlruns mlflow.db .prefect .serve
+	@stamp=$$(date -u +%Y%m%dT%H%M%SZ); dest=.trash/$$stamp; mkdir -p $$dest; \
+	for p in data/interim data/shards checkpoints reports mlruns mlflow.db .prefect .serve; do \
+	  if [ -e $$p ]; then mkdir -p $$dest/$$(dirname $$p); mv $$p $$dest/$$p; fi; done; \
+	echo "moved the outputs aside to $$dest (delete it yourself once you are sure)"

@@ -1,8 +1,8 @@
 """WebDataset shards on S3-compatible object storage (MinIO, S3): publish, list as streamable URLs, cat.
 
     python -m infra.objstore publish data/shards s3://vtg-shards/shards --versioned   # -> .../shards/<dvc md5>/
-    python -m infra.objstore urls s3://vtg-shards/shards/<data-version> train     # one `pipe:` URL per shard
-    python -m infra.objstore cat s3://vtg-shards/shards/<data-version>/train/shard-000000.tar > x.tar
+    python -m infra.objstore urls s3://vtg-shards/shards/<dvc-hash> train     # one `pipe:` URL per shard
+    python -m infra.objstore cat s3://vtg-shards/shards/<dvc-hash>/train/shard-000000.tar > x.tar
 
 WebDataset has no s3:// opener; the URLs are `pipe:` commands that stream one object to stdout, so the
 training reader (and `wds.WebDataset`) reads them like local tars, on any node, without a local copy. The
@@ -41,7 +41,7 @@ def client():
     return boto3.client("s3", endpoint_url=endpoint or None)
 
 
-def data_version(local_root: str | Path, repo: str | Path = ".") -> str:
+def dvc_hash(local_root: str | Path, repo: str | Path = ".") -> str:
     """The DVC content hash of a tracked directory (dvc.lock stage output, or `<dir>.dvc` from `dvc add`)."""
     import yaml
 
@@ -57,7 +57,7 @@ def data_version(local_root: str | Path, repo: str | Path = ".") -> str:
         if Path(out.get("path", "")).as_posix() == target and out.get("md5"):
             return out["md5"].removesuffix(".dir")
     raise VTGError(f"{target} is not a DVC-tracked output here (no dvc.lock stage out or {target}.dvc): "
-                   f"run `dvc repro` or `dvc add {target}` first, so the shards have a data version")
+                   f"run `dvc repro` or `dvc add {target}` first, so the shards have a DVC hash")
 
 
 def publish(local_root: str | Path, url: str) -> list[str]:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("url")
     args = parser.parse_args(argv)
     if args.action == "publish":
-        url = f"{args.url.rstrip('/')}/{data_version(args.local_root)}" if args.versioned else args.url
+        url = f"{args.url.rstrip('/')}/{dvc_hash(args.local_root)}" if args.versioned else args.url
         keys = publish(args.local_root, url)
         print(f"published {len(keys)} files to {url}")
     elif args.action == "urls":

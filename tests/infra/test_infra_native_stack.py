@@ -147,7 +147,7 @@ def test_dvc_remote_on_the_s3_endpoint_is_the_source_of_truth_for_the_shards(sta
     assert after == before and len(after) == 2
 
     # The streaming copy is published under the DVC data version, so its URL names the exact data.
-    version = objstore.data_version("data/shards", repo=repo)
+    version = objstore.dvc_hash("data/shards", repo=repo)
     dvc_meta = (repo / "data" / "shards.dvc").read_text()
     assert f"md5: {version}.dir" in dvc_meta
     publish = run([sys.executable, "-m", "infra.objstore", "publish", "data/shards", "s3://vtg-shards/dvc",
