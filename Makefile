@@ -11,12 +11,13 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DVC_NO_ANALYTICS ?= 1
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-fast lint bench clean serve dry-run
+.PHONY: setup run test test-fast lint bench clean serve dry-run gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -62,3 +63,20 @@ clean:
 	for p in data/interim data/shards checkpoints reports mlruns mlflow.db .prefect .serve; do \
 	  if [ -e $$p ]; then mkdir -p $$dest/$$(dirname $$p); mv $$p $$dest/$$p; fi; done; \
 	echo "moved the outputs aside to $$dest (delete it yourself once you are sure)"
+
+# The GPU check (training/gpu_check.py) on the lent GPU machine (Python 3.12, torch/transformers/peft there, no
+# network). Here: `make gpu-wheels` puts the pure-Python packages it lacks into .whl/ (git-ignored, ~25 MB).
+# There (the device command carries `.whl`): `make gpu-check` (< 8 min on one H200; never part of CI).
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	hjson==3.1.0 webdataset==1.0.2 braceexpand==0.1.7 transformers==5.24.0
+gpu-wheels: setup
+	rm -rf .whl && mkdir -p .whl
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)
+	$(PIP) wheel -q --no-deps --no-build-isolation -w .whl deepspeed==0.19.8
+	du -sh .whl
+
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/vtg-site .whl/*.whl
+	PYTHONPATH=/tmp/vtg-site:$(CURDIR) python3 -m training.gpu_check $(ARGS)

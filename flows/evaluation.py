@@ -78,14 +78,18 @@ def scalar_metrics(result: dict[str, Any], key: str = "metrics") -> dict[str, fl
 
 @flow(name="evaluate-checkpoint", flow_run_name="eval-{split}-step-{step:06d}", log_prints=True)
 def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", parent_run_id: str = "",
-                        saved_at: float = 0.0, params: str = "params.yaml") -> dict[str, Any]:
-    """Evaluate one checkpoint (idempotent: the evaluation API reuses a stored result) and record it."""
+                        saved_at: float = 0.0, params: str = "params.yaml", device: str = "") -> dict[str, Any]:
+    """Evaluate one checkpoint (idempotent: the evaluation API reuses a stored result) and record it.
+
+    `device` overrides `evaluate.device` (the embedded evaluator gets it from the placement rule)."""
     started = time.time()
     if parent_run_id:
         os.environ[lineage.ENV_PARENT_RUN_ID] = parent_run_id
     if not Path(checkpoint_dir).is_dir():  # rotated away by keep_last before its turn came
         return {"checkpoint_dir": checkpoint_dir, "step": step, "skipped": "checkpoint no longer exists"}
     cfg = checkpoint_config(checkpoint_dir, params)
+    if device:
+        cfg.evaluate.device = device  # not an output-changing field: the stored result's key is the same
     result = run_evaluation_api(cfg, checkpoint_dir, split)
     record = {"checkpoint_dir": checkpoint_dir, "step": step, "split": split, "saved_at": saved_at,
               "started_at": started, "finished_at": time.time(), "metrics": scalar_metrics(result),
@@ -127,11 +131,13 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue", required=True, help="jsonl file the checkpoint hook appends to")
     parser.add_argument("--split", default="val", help="split to evaluate (default: %(default)s)")
     parser.add_argument("--params", default="params.yaml", help="fallback params when a checkpoint has no config")
+    parser.add_argument("--device", default="", help="evaluate on this device (overrides evaluate.device)")
     args = parser.parse_args(argv)
     for item in follow(Path(args.queue)):
         rec = evaluate_checkpoint(checkpoint_dir=item["checkpoint_dir"], step=int(item["step"]), split=args.split,
                                   parent_run_id=item.get("parent_run_id", ""),
-                                  saved_at=float(item.get("saved_at", 0.0)), params=args.params)
+                                  saved_at=float(item.get("saved_at", 0.0)), params=args.params,
+                                  device=args.device)
         print(json.dumps({"evaluated": rec.get("checkpoint_dir"), "step": rec.get("step"),
                           "metrics": rec.get("metrics"), "skipped": rec.get("skipped")}), flush=True)
     return 0

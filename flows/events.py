@@ -1,7 +1,9 @@
 """The checkpoint hook training calls after each complete checkpoint: `flows.events:on_checkpoint_saved`.
 
 It reports the checkpoint two ways, chosen by the orchestrator through the environment of the training process:
-- `VTG_CHECKPOINT_QUEUE=<file>`: append one JSON line; the embedded evaluator process follows that file.
+- `VTG_CHECKPOINT_QUEUE=<file>`: append one JSON line; the embedded evaluator process follows that file, and
+  retention keeps every checkpoint listed there until its evaluation is recorded (`training.loop._protected`).
+  The orchestrator sets it only while per-checkpoint evaluation runs (embedded or events).
 - `VTG_CHECKPOINT_EVENTS=1` (with `PREFECT_API_URL` set): emit a Prefect `checkpoint.saved` event, whose
   deployment trigger starts an `evaluate-checkpoint` run with `checkpoint_dir` and `step` from the event.
 Training itself never imports Prefect; outside an orchestrated run the hook does nothing.

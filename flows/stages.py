@@ -21,6 +21,7 @@ from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 
 log = logging.getLogger(__name__)
+DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks for a hostfile by default (multi-node)
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,32 @@ def module_cmd(module: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def train_cmd(cfg: PipelineConfig, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The training command line and extra env, by `orchestration.train_launcher`."""
+def train_cmd(cfg: PipelineConfig, args: Sequence[str],
+              gpus: Sequence[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The training command line and extra env, by `orchestration.train_launcher`.
+
+    `gpus`: the only devices training may use (CUDA_VISIBLE_DEVICES entries, one per rank), when evaluation holds
+    another GPU of the node (vtg/placement.py): CUDA_VISIBLE_DEVICES for `python`/`torchrun`, `--include`
+    for `deepspeed` (which replaces CUDA_VISIBLE_DEVICES with its own). With DeepSpeed's hostfile (multi-node),
+    `--num_gpus` keeps the first `train.num_gpus` slots of each node, and the placement leaves the last one free."""
     module, ranks = cfg.orchestration.stages.train, cfg.train.num_gpus
     launcher = cfg.orchestration.train_launcher
     if launcher == "auto":
         launcher = "python" if ranks == 1 else ("deepspeed" if _has_cuda() else "torchrun")
+    if gpus is not None and len(gpus) != ranks:
+        raise VTGError(f"training has {ranks} rank(s) (train.num_gpus) but was given GPUs {list(gpus)}")
+    visible = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
     port = str(free_port())
     if launcher == "python":
         env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        return module_cmd(module, args), env
+        return module_cmd(module, args), {**env, **visible}
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                "--master_addr=127.0.0.1", f"--master_port={port}", "-m", module, *args], {}
+                "--master_addr=127.0.0.1", f"--master_port={port}", "-m", module, *args], visible
     deepspeed = Path(sys.executable).with_name("deepspeed")
-    return [str(deepspeed), f"--num_gpus={ranks}", f"--master_port={port}", "--module", module, *args], {}
+    where = (f"--include=localhost:{','.join(gpus)}" if gpus and not Path(DEEPSPEED_HOSTFILE).is_file()
+             else f"--num_gpus={ranks}")
+    return [str(deepspeed), where, f"--master_port={port}", "--module", module, *args], {}
 
 
 def _has_cuda() -> bool:

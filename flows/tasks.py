@@ -30,6 +30,7 @@ from flows.stages import ConfigArgs, module_cmd, run_stage, train_cmd
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 from vtg.shards import MANIFEST, data_version
 
 HOOK = "flows.events:on_checkpoint_saved"
@@ -197,17 +198,41 @@ def prefect_api_url() -> str | None:
     return inst.api_url if inst is not None and inst.running else None
 
 
-def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: str | None) -> subprocess.Popen:
+def visible_gpus() -> int:
+    """GPUs this node shows the flow (CUDA_VISIBLE_DEVICES respected); 0 without CUDA."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def evaluation_placement(cfg: PipelineConfig, n_gpus: int | None = None) -> Placement:
+    """Where and when the embedded evaluator runs beside training (the rule: `vtg.placement`)."""
+    return place_evaluation(visible_gpus() if n_gpus is None else n_gpus, cfg.train.num_gpus,
+                            cfg.train.model.base, cfg.evaluate.device)
+
+
+def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: str | None,
+                    placement: Placement | None = None) -> subprocess.Popen:
+    """The embedded evaluator process; with a placement, it sees only its own device (CUDA_VISIBLE_DEVICES: its
+    GPU, or none for the CPU) and evaluates there (`--device`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     url = prefect_api_url()
     if url:
         env["PREFECT_API_URL"] = url
     if parent:
         env[lineage.ENV_PARENT_RUN_ID] = parent
+    device = []
+    if placement is not None:
+        gpu = placement.gpu
+        env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else device_ids([gpu], os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
+        device = ["--device", "cpu" if gpu is None else "cuda:0"]
     log_path = queue.with_suffix(".log")
     return subprocess.Popen(
         [sys.executable, "-m", "flows.evaluation", "--queue", str(queue), "--split", cfg.evaluate.split,
-         "--params", args.params], env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
+         "--params", args.params, *device], env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
 
 
 def _trained(cfg: PipelineConfig) -> dict:
@@ -227,23 +252,34 @@ def train(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id
         return cached
     logger = get_run_logger()
     mode = eval_mode(cfg)
-    env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id, lineage.ENV_CHECKPOINT_QUEUE: queue}
+    env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}
+    if mode != "off":  # the hook reports each checkpoint here; retention keeps it until its evaluation is recorded
+        env[lineage.ENV_CHECKPOINT_QUEUE] = queue
     if parent:
         env[lineage.ENV_PARENT_RUN_ID] = parent
+    placement, train_gpus, where = None, None, mode
     if mode == "events":
         env[lineage.ENV_CHECKPOINT_EVENTS] = "1"
+        where = f"events: {cfg.orchestration.eval_deployment} on its own work pool"
     elif mode == "embedded":
-        _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent)
-    logger.info("per-checkpoint evaluation: %s", mode)
+        placement = evaluation_placement(cfg)
+        where = f"embedded: {placement.line()}"
+        if placement.train_gpus:
+            train_gpus = device_ids(placement.train_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if placement.when == CONCURRENT:
+            _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
+    logger.info("per-checkpoint evaluation: %s", where)
     hooks = list(cfg.train.checkpoint_hooks)
     extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
-    cmd, launch_env = train_cmd(cfg, args.argv(extra))
+    cmd, launch_env = train_cmd(cfg, args.argv(extra), gpus=train_gpus)
     try:
         r = run_stage("train", cmd, env={**launch_env, **env}, on_line=_stream("train"))
     finally:
         append_jsonl(queue, {"done": True})
+    if placement is not None and placement.when == AFTER_TRAINING:
+        _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
     _record("train", cfg)
-    return {**_trained(cfg), "eval_mode": mode, "seconds": r.seconds}
+    return {**_trained(cfg), "eval_mode": mode, "eval_placement": where, "seconds": r.seconds}
 
 
 @task(name="wait-checkpoint-evals")
@@ -338,9 +374,12 @@ def write_report(cfg: PipelineConfig, summary: dict[str, Any]) -> str:
 def report_markdown(s: dict[str, Any]) -> str:
     """The pipeline report: lineage and steps from the flow, the evaluation part as the evaluate stage wrote it."""
     lines = ["# Post-training run report", "", "| | |", "| --- | --- |"]
+    placement = s.get("eval_placement") or (s.get("stages") or {}).get("train", {}).get("eval_placement")
     for k in ("flow_run_id", "mlflow_parent_run_id", "git_commit", "config_hash", "source_digest",
               "data_version", "dvc", "train_run_id", "best_checkpoint", "eval_mode", "seconds"):
         lines.append(f"| {k} | `{s.get(k)}` |")
+        if k == "eval_mode" and placement:
+            lines.append(f"| eval_placement | {placement} |")
     if s.get("evaluation_markdown"):
         lines += ["", s["evaluation_markdown"].rstrip()]
     stages_ = s.get("stages", {})

@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and exit after optimizer step N (a later run resumes exactly)")
     parser.add_argument("--summary", default=None, metavar="PATH",
-                        help="on rank 0, write scalar metrics (final loss, steps/s, skips, wall time) as JSON here "
-                             "and the per-step losses as CSV beside it (<name>_loss.csv), e.g. for DVC")
+                        help="on rank 0, write scalar metrics (final loss, steps/s, tokens/s, data wait, skips, wall "
+                             "time; TFLOP/s, MFU, GPU utilisation and memory when measured) as JSON here and the "
+                             "per-step losses as CSV beside it (<name>_loss.csv), e.g. for DVC")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher
     args = parser.parse_args(argv)
     cfg = resolve_config(args)

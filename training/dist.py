@@ -72,6 +72,21 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def set_determinism(enabled: bool) -> None:
+    """`train.deterministic`, on every rank before the model is built: cuBLAS gets a fixed workspace (read when
+    its handle is created, so before the first matmul), torch picks deterministic kernels (an op without one
+    warns instead of failing), cuDNN deterministic and no benchmark autotuning. Off resets torch's switch (a
+    previous in-process run may have set it); an explicit CUBLAS_WORKSPACE_CONFIG is kept."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    torch.backends.cudnn.deterministic = enabled
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -97,6 +112,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         torch_dist.all_reduce(t)
     return t.tolist()
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's `obj` (picklable), in rank order, on every rank; [obj] in a single process."""
+    if not (torch_dist.is_initialized() and torch_dist.get_world_size() > 1):
+        return [obj]
+    out = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier() -> None:

@@ -2,30 +2,50 @@
 
 from __future__ import annotations
 
+import torch
 
-def build_ds_config(tcfg, world_size: int) -> dict:
-    """Batch, accumulation, clipping, precision, ZeRO stage and offload from the `train` section."""
+GPU_BUCKET = 5e8
+"""Elements per reduce / all-gather bucket on GPUs (the common ZeRO-2 recipe: overlap_comm + 5e8 buckets)."""
+CPU_BUCKET = 5e7
+"""Smaller buckets on CPU (gloo): less memory per rank process, and nothing to overlap with."""
+
+
+def zero_section(tcfg, gpu: bool) -> dict:
+    """`zero_optimization`: on GPUs gradient reduction overlaps the backward pass (a side CUDA stream); on the CPU
+    accelerator there are no streams to overlap with, so communication runs in line with small buckets."""
     zero: dict = {"stage": tcfg.zero_stage}
-    if tcfg.zero_stage >= 1:
-        zero.update(overlap_comm=False, contiguous_gradients=True, reduce_bucket_size=5e7)
+    if tcfg.zero_stage >= 1 and gpu:
+        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=GPU_BUCKET)
+        if tcfg.zero_stage < 3:
+            zero.update(reduce_scatter=True, allgather_partitions=True, allgather_bucket_size=GPU_BUCKET)
+    elif tcfg.zero_stage >= 1:
+        zero.update(overlap_comm=False, contiguous_gradients=True, reduce_bucket_size=CPU_BUCKET)
     if tcfg.zero_stage == 3:
         # Full weights gathered on rank 0 for the HF export of a sharded model.
         zero.update(stage3_gather_16bit_weights_on_model_save=True, stage3_param_persistence_threshold=0)
     if tcfg.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}  # pinned host memory: faster copies
     if tcfg.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
+    return zero
+
+
+def build_ds_config(tcfg, world_size: int, gpu: bool | None = None) -> dict:
+    """Batch, accumulation, clipping, precision, ZeRO stage and offload from the `train` section; `gpu` (default:
+    whether CUDA is available) picks the GPU or the CPU (gloo) communication settings."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
     return {
         "train_micro_batch_size_per_gpu": tcfg.micro_batch_size,
         "gradient_accumulation_steps": tcfg.grad_accum,
         "train_batch_size": tcfg.micro_batch_size * tcfg.grad_accum * world_size,
         "gradient_clipping": tcfg.grad_clip,
-        "zero_optimization": zero,
+        "zero_optimization": zero_section(tcfg, gpu),
         "bf16": {"enabled": tcfg.precision == "bf16"},
         "fp16": {"enabled": tcfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
-        # We pass our own torch.optim.AdamW: no fused_adam / DeepSpeedCPUAdam JIT compile (DESIGN.md §4).
+        # We pass our own optimizer (training/optim.py): torch AdamW, so no fused_adam JIT compile (DESIGN.md §4),
+        # or DeepSpeedCPUAdam with optimizer offload, which DeepSpeed then insists on.
         "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
+        "zero_force_ds_cpu_optimizer": bool(tcfg.offload_optimizer),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

@@ -24,7 +24,7 @@ class DeepSpeedEngine:
         import deepspeed
 
         self.stage = tcfg.zero_stage
-        self.ds_config = build_ds_config(tcfg, world_size)
+        self.ds_config = build_ds_config(tcfg, world_size, gpu=next(model.parameters()).device.type == "cuda")
         optimizer = build_optimizer(model, tcfg)
         scheduler = build_scheduler(optimizer, tcfg)
         self.schedule = dict(vars(scheduler.lr_lambdas[0]))

@@ -1,7 +1,7 @@
 """`python -m training.gpu_smoke`: one real bf16 training step of a small Qwen2.5-VL on the GPU.
 
-Uses flash_attention_2 when flash-attn is installed (else sdpa; one log line says which), 16 frames of
-224x224 through our own patchify and chat template, torch AdamW. Prints the attention in use, step time
+Uses flash_attention_2 when flash-attn is installed and the dtype is bf16 (else sdpa; one log line says why),
+16 frames of 224x224 through our own patchify and chat template, torch AdamW. Prints the attention in use, step time
 (after one warm-up step) and peak GPU memory. Without a CUDA GPU it says so and exits 0 (CI never needs one).
 `--device cpu --dtype fp32` runs the same step on the CPU (used by the test suite).
 """
@@ -40,7 +40,7 @@ def smoke(device: str, dtype_name: str, frames: int, size: int, batch: int) -> d
     from vtg.model.processing import collate, encode_example, model_inputs
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
-    attn = choose_attn_implementation("auto", device)
+    attn = choose_attn_implementation("auto", device, dtype)
     model, tok = small_model(attn, dtype, device)
     rng = np.random.default_rng(0)
     examples = [encode_example(tok, rng.integers(0, 256, (frames, size, size, 3), dtype=np.uint8),

@@ -26,11 +26,13 @@ from training.dist import (
     init_distributed,
     rng_state,
     seed_everything,
+    set_determinism,
     set_rng_state,
 )
 from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
-from training.metrics import memory_metrics
+from training.metrics import PerfMonitor, model_flops, vision_patches
+from training.preflight import check_before_training
 from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
 from vtg import checkpoints as ckpt
 from vtg import lineage
@@ -70,8 +72,8 @@ def build_model(tcfg, device: torch.device):
     hf_logging.disable_progress_bar()  # weight loading/saving bars would interleave with ours
 
     base = resolve_base(tcfg.model.base)
-    attn = choose_attn_implementation(tcfg.model.attn_implementation, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision, torch.float32)
+    attn = choose_attn_implementation(tcfg.model.attn_implementation, device, dtype)
     try:
         model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(base)
@@ -125,16 +127,47 @@ def _resume_dir(cfg: PipelineConfig, data_version: str) -> Path | None:
 
 
 def _protected(cfg: PipelineConfig) -> list[Path]:
-    """Checkpoints retention must keep: the best one, as evaluation's pointer names it."""
+    """Checkpoints retention must keep; the one place that decides (`vtg.checkpoints.prune` obeys the list):
+    - the best one, as evaluation's pointer names it (`<evaluate.out_dir>/best.json`);
+    - while this run's checkpoints are evaluated one by one (then the orchestrator sets VTG_CHECKPOINT_QUEUE, the
+      file where the checkpoint hook reports each checkpoint), every reported checkpoint that has no evaluation
+      record yet in the orchestration index `<orchestration.state_dir>/checkpoint_evals.jsonl` (`flows.evaluation`
+      appends one line per finished evaluation; matched by directory and save time). A later save prunes it once
+      it is evaluated.
+    Training only reads these files; evaluation never writes into the checkpoint root."""
+    import json
+
     best = ckpt.read_pointer(Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER)
-    return [best["path"]] if best else []
+    keep = [best["path"]] if best else []
+    queue = os.environ.get(lineage.ENV_CHECKPOINT_QUEUE)
+    if not queue:
+        return keep
+
+    def reported(path: Path) -> set[tuple[str, float]]:
+        out = set()
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:  # a line being appended right now
+                continue
+            if isinstance(item, dict) and item.get("checkpoint_dir"):
+                out.add((str(Path(item["checkpoint_dir"]).resolve()), round(float(item.get("saved_at") or 0), 3)))
+        return out
+
+    evaluated = reported(Path(cfg.orchestration.state_dir) / "checkpoint_evals.jsonl")
+    pending = sorted({Path(d) for d, t in reported(Path(queue)) - evaluated})
+    if pending:
+        log.info("retention keeps %s: evaluation pending", ", ".join(p.name for p in pending))
+    return keep + pending
 
 
 class Trainer:
     def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None):
         self.cfg, self.tcfg = cfg, cfg.train
+        check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
         self.dist = init_distributed(self.tcfg.strategy)
         seed_everything(self.tcfg.seed)
+        set_determinism(self.tcfg.deterministic)
         self.callbacks = CallbackList(default_callbacks(cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
@@ -144,6 +177,8 @@ class Trainer:
                                        self.dist)
         self.git_commit = lineage.git_commit()
         self.trainable, self.total = count_parameters(self.model)
+        self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
+                                   self.dist.is_main)
         self.sanity_checks()
         self.engine = build_engine(self.model, self.tcfg, self.dist.world_size)
         self.guard = StabilityGuard.from_config(self.tcfg.guards)
@@ -212,7 +247,7 @@ class Trainer:
                     "config_hash": config_hash(self.cfg), "train_hash": train_hash(self.tcfg), "finetune": self.tcfg.model.finetune,
                     "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
                     "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
-                    "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
+                    "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
             final = ckpt.finalize(root, step, meta, self.cfg.model_dump(mode="json"), self.tcfg.keep_last,
                                   protect=_protected(self.cfg))
         barrier()
@@ -250,7 +285,7 @@ class Trainer:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
         micro_losses: list[float] = []
         step_samples = 0
-        window = {"steps": 0, "tokens": 0.0, "samples": 0.0, "wait": 0.0, "start": time.perf_counter()}
+        window = self.monitor.new_window()
         last_loss, completed = float("nan"), st.step >= stop_at
         loader = iter(self._loader()) if not completed else None
         while not completed:
@@ -276,6 +311,7 @@ class Trainer:
             micro_losses.append(value)
             window["tokens"] += float(batch["attention_mask"].sum())
             window["samples"] += len(batch["keys"])
+            window["patches"] += vision_patches(batch)
             step_samples += len(batch["keys"])
             if not self.engine.step():
                 continue
@@ -287,33 +323,32 @@ class Trainer:
             self.guard.accept(last_loss)
             st.losses.append(last_loss)
             window["steps"] += 1
+            self.monitor.poll()
             if st.step % t.log_every == 0 or st.step == stop_at:
                 self._log_window(window, last_loss)
-                window = {"steps": 0, "tokens": 0.0, "samples": 0.0, "wait": 0.0, "start": time.perf_counter()}
+                window = self.monitor.new_window()
             if st.step % t.save_every == 0 or st.step == stop_at:
                 self.save(last_loss)
-                window["start"] = time.perf_counter()  # checkpoint time is not step time
+                self.monitor.skip_idle(window)  # checkpoint time is not step time
             completed = st.step >= stop_at
         del loader
         wall = time.perf_counter() - start_wall
         summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
                    "data_errors": st.data_errors, "wall_s": wall, "samples_seen": st.samples,
                    "steps_per_s": (st.step - start_step) / wall if wall > 0 else 0.0,
-                   "completed": st.step >= t.max_steps, "losses": list(st.losses)}
+                   "completed": st.step >= t.max_steps, **self.monitor.summary(), "losses": list(st.losses)}
         self.callbacks.on_train_end(summary)
         return summary
 
     def _log_window(self, window: dict, loss: float) -> None:
-        """Rates over the steps since the last log (all ranks); the loss is this step's, all-rank mean."""
-        st, dev = self.state, self.dist.device
-        tokens, samples = all_reduce_sum([window["tokens"], window["samples"]], dev)
-        elapsed = time.perf_counter() - window["start"]
+        """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;
+        every rank calls this); the loss is this step's, all-rank mean."""
+        st = self.state
         self.callbacks.on_step(st.step, {
             "train/loss": loss, "train/lr": self.engine.lr(),
             "train/grad_norm": self.engine.grad_norm() or float("nan"),
-            "perf/step_time_s": elapsed / window["steps"], "perf/tokens_per_s": tokens / elapsed,
-            "perf/samples_per_s": samples / elapsed, "perf/data_wait_frac": min(1.0, window["wait"] / elapsed),
-            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **memory_metrics(dev)})
+            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
+            **self.monitor.window_metrics(window)})
 
     def _count_data_errors(self, errors: list[tuple[str, str]]) -> None:
         self.state.data_errors += len(errors)

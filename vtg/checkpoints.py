@@ -195,7 +195,8 @@ def is_complete(path: str | Path) -> bool:
 
 
 def prune(root: str | Path, keep_last: int, protect: Iterable[Path] = ()) -> list[Path]:
-    """Delete all but the newest `keep_last` complete step dirs (never a `protect`ed one); return deleted."""
+    """Delete all but the newest `keep_last` complete step dirs (never a `protect`ed one: the best, one whose
+    evaluation is pending; the trainer computes that set); return deleted."""
     root = Path(root)
     protected = {Path(p).resolve() for p in protect}
     doomed = [p for p in list_checkpoints(root)[:-keep_last] if p.resolve() not in protected]

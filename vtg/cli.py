@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("beam_jobs.preprocess", "Beam job: records + videos -> WebDataset shards"),
     "train": ("training", "DeepSpeed training (single process; use the deepspeed launcher for more ranks)"),
     "plan": ("training.plan", "memory planner: per-GPU memory by ZeRO stage"),
+    "preflight": ("training.preflight", "does the experiment's longest example fit, in tokens and GPU memory?"),
     "evaluate": ("evaluation", "the evaluate stage (every checkpoint on val, the best on test), or one checkpoint"),
     "lineage": ("flows.lineage", "print the lineage chain of a model version, eval run or checkpoint"),
 }

@@ -59,10 +59,57 @@ def test_deployments_land_on_declared_pools_and_queues(deploy_configs):
         assert queue in declared[pool].queues, f"{d['name']}: queue {queue!r} not declared in pool {pool!r}"
         by_name[(d["entrypoint"], d["name"])] = (pool, queue)
     assert by_name[("flows/pipeline.py:post_training", "default")][0] == "gpu"
-    assert by_name[("flows/evaluation.py:evaluate_checkpoint", "on-checkpoint-saved")] == ("cpu", "eval")
+    assert by_name[("flows/evaluation.py:evaluate_checkpoint", "on-checkpoint-saved")] == ("gpu-eval", "default")
     assert by_name[("infra/stage_flows.py:preprocess", "cpu")][0] == "cpu"
     for rank in range(len(declared["gpu"].queues) - 1):  # one queue per node besides `default`
         assert by_name[("infra/stage_flows.py:train_node", f"node-{rank}")] == ("gpu", f"node-{rank}")
+
+
+def _polled_pool(command: list[str]) -> str | None:
+    return command[command.index("--pool") + 1] if "--pool" in command else None
+
+
+def test_checkpoint_evaluation_lands_on_gpu_workers_that_training_does_not_use(deploy_configs):
+    """The `checkpoint.saved` trigger's runs go to a GPU pool of their own (greedy 3B/7B generation on CPUs is no
+    option; the pipeline run holds the gpu pool's only slot while it waits for them), and every worker that polls
+    that pool, in compose and on Kubernetes, gets one GPU of its own and sees the checkpoints and the reports."""
+    declared = {s.name: s for s in pools.load_pools(POOLS_YAML)}
+    (ev,) = [d for d in deploy_configs[0] if d["name"] == "on-checkpoint-saved"]
+    (pipe,) = [d for d in deploy_configs[0] if d["entrypoint"] == "flows/pipeline.py:post_training"]
+    pool, pipeline_pool = ev["work_pool"]["name"], pipe["work_pool"]["name"]
+    assert pool not in ("cpu", pipeline_pool) and declared[pool].type == "process"
+    assert declared[pipeline_pool].concurrency_limit == 1, "one pipeline run per GPU node"
+    assert not any(q == "eval" for s in declared.values() if s.name != pool for q in s.queues), \
+        "no evaluation queue left on another pool"
+
+    compose = yaml.safe_load((INFRA / "compose.yaml").read_text())["services"]
+    (worker,) = [svc for svc in compose.values() if _polled_pool(svc.get("command") or []) == pool]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and len(device["device_ids"]) == 1
+    assert worker["command"][worker["command"].index("--limit") + 1] == "1", "one evaluation at a time per GPU"
+    assert worker.get("profiles") and "gpu" not in worker["profiles"], \
+        "its own profile: `--profile gpu` on one host must not hand it a training GPU"
+    assert worker["image"].startswith("vtg-gpu:")
+    (trainer,) = [svc for svc in compose.values() if _polled_pool(svc.get("command") or []) == pipeline_pool]
+    shared = {"checkpoints:/app/checkpoints", "reports:/app/reports"}
+    assert shared <= set(worker["volumes"]) and shared <= set(trainer["volumes"])
+
+    docs = list(yaml.safe_load_all((INFRA / "k8s" / "gpu-worker.yaml").read_text()))
+    pods = {_polled_pool(c["command"]): (d["spec"]["template"]["spec"], c) for d in docs
+            if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]}
+    assert {pool, pipeline_pool} <= set(pods)
+    pod, container = pods[pool]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["command"][container["command"].index("--limit") + 1] == "1"
+    assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+
+    def mounts(p, c):
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in p["volumes"]
+                  if "persistentVolumeClaim" in v}
+        return {(m["mountPath"], claims[m["name"]]) for m in c["volumeMounts"] if m["name"] in claims}
+
+    assert mounts(pod, container) == mounts(*pods[pipeline_pool])
+    assert {path for path, _ in mounts(pod, container)} == {"/app/checkpoints", "/app/reports"}
 
 
 def test_evaluation_trigger_validates_and_matches_the_checkpoint_event(deploy_configs):
@@ -87,7 +134,7 @@ def test_work_pools_resolve_and_templates_pass_prefects_validation():
     from prefect.server.schemas.actions import validate_base_job_template
 
     specs = {s.name: s for s in pools.load_pools(POOLS_YAML)}
-    assert {"cpu", "gpu", "gpu-k8s"} <= set(specs)
+    assert {"cpu", "gpu", "gpu-eval", "gpu-k8s"} <= set(specs)
     for spec in specs.values():
         validate_base_job_template(spec.base_job_template)
     cpu_env = specs["cpu"].base_job_template["variables"]["properties"]["env"]["default"]
@@ -112,19 +159,25 @@ def test_pool_declaration_errors_are_one_clear_line(tmp_path):
 
 def test_k8s_manifests_parse_and_put_the_worker_on_gpu_nodes():
     docs = list(yaml.safe_load_all((INFRA / "k8s" / "gpu-worker.yaml").read_text()))
-    kinds = {d["kind"]: d for d in docs}
+    kinds: dict[str, list[dict]] = {}
+    for d in docs:
+        kinds.setdefault(d["kind"], []).append(d)
     assert {"Namespace", "Secret", "PersistentVolumeClaim", "ServiceAccount", "Deployment"} <= set(kinds)
     for d in docs:
         assert d["apiVersion"] and d["metadata"]["name"]
-    pod = kinds["Deployment"]["spec"]["template"]["spec"]
-    assert kinds["Deployment"]["spec"]["selector"]["matchLabels"].items() <= \
-        kinds["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
-    (container,) = pod["containers"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
-    assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
-    assert container["command"][container["command"].index("--pool") + 1] == "gpu"
-    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
-    assert claims == {kinds["PersistentVolumeClaim"]["metadata"]["name"]}
+    declared_claims = {d["metadata"]["name"] for d in kinds["PersistentVolumeClaim"]}
+    polled = set()
+    for deployment in kinds["Deployment"]:
+        pod = deployment["spec"]["template"]["spec"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= \
+            deployment["spec"]["template"]["metadata"]["labels"].items()
+        (container,) = pod["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+        assert pod["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+        polled.add(container["command"][container["command"].index("--pool") + 1])
+        claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        assert claims == declared_claims
+    assert polled == {"gpu", "gpu-eval"}
     values = yaml.safe_load((INFRA / "k8s" / "prefect-worker-values.yaml").read_text())
     declared = {s.name: s for s in pools.load_pools(POOLS_YAML)}
     assert values["worker"]["config"]["workPool"] in declared

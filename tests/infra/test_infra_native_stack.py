@@ -68,9 +68,10 @@ def test_pools_deployments_and_a_worker_run_against_postgres_backed_prefect_and_
         "    queues = sorted(q.name for q in c.read_work_queues(work_pool_name='gpu'))\n"
         "    autos = [a.name for a in c.read_automations()]\n"
         "print(json.dumps({'pools': pools, 'deps': deps, 'gpu_queues': queues, 'automations': autos}))", stack)
-    assert {"cpu": "process", "gpu": "process", "gpu-k8s": "kubernetes"}.items() <= server["pools"].items()
+    assert {"cpu": "process", "gpu": "process", "gpu-eval": "process",
+            "gpu-k8s": "kubernetes"}.items() <= server["pools"].items()
     assert server["deps"]["post-training/default"] == ["gpu", "default"]
-    assert server["deps"]["evaluate-checkpoint/on-checkpoint-saved"] == ["cpu", "eval"]
+    assert server["deps"]["evaluate-checkpoint/on-checkpoint-saved"] == ["gpu-eval", "default"]
     assert server["deps"]["preprocess/cpu"][0] == "cpu" and server["deps"]["infra-smoke/gpu"][0] == "gpu"
     assert {"default", "node-0", "node-1"} <= set(server["gpu_queues"])
     assert any("on-checkpoint-saved" in a for a in server["automations"]), server["automations"]

@@ -1,8 +1,10 @@
 """The memory planner agrees with DeepSpeed's own estimators and recommends sensibly."""
 
+import numpy as np
 import pytest
+import torch
 
-from training.plan import GB, Setup, main, plan, recommend
+from training.plan import GB, Arch, Setup, activation_bytes, main, plan, recommend
 
 
 @pytest.mark.parametrize("params", [1.3e9, 7e9, 70e9])
@@ -50,3 +52,93 @@ def test_cli_plans_a_shipped_experiment(capsys):
     out = capsys.readouterr().out
     assert "8 GPU(s)" in out and "recommended: ZeRO-2" in out
     assert main(["--params", "1e6", "--gpus", "1", "--precision", "fp32"]) == 0
+
+
+def test_param_counts_from_the_architecture_alone(tiny_model_dir):
+    """Counted from config shapes: the published totals of the real models, and every tensor of the tiny export."""
+    from safetensors import safe_open
+
+    from training.plan import arch_facts
+    from vtg.model.shape_true import arch_facts as facts_of
+
+    for hub_id in ("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"):
+        arch, source, tokenizer = arch_facts(hub_id)
+        assert "vtg/model/archs" in source and tokenizer is None
+        assert arch.param_count()[0] == facts_of(hub_id)["total_params"]
+    arch, _, tokenizer = arch_facts("tiny")
+    with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as f:
+        shapes = [f.get_slice(k).get_shape() for k in f.keys()]  # noqa: SIM118 - safe_open is not a dict
+    numels = [int(np.prod(s)) for s in shapes]
+    assert arch.param_count() == (sum(numels), max(numels)) and tokenizer is not None
+
+
+@pytest.mark.parametrize("finetune,freeze_vision", [("full", False), ("full", True), ("lora", True), ("lora", False)])
+def test_trainable_params_match_the_finetune_modes(finetune, freeze_vision, tiny_model_dir):
+    from transformers import AutoModelForImageTextToText
+
+    from training.plan import arch_facts, trainable_params
+    from vtg.model.modeling import apply_finetune_mode, count_parameters
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    model = apply_finetune_mode(model, finetune, lora_r=8, freeze_vision=freeze_vision)
+    trainable, _ = count_parameters(model)
+    assert trainable_params(arch_facts("tiny")[0], finetune, 8, freeze_vision) == trainable
+
+
+def _saved_bytes(model, **inputs) -> int:
+    """Bytes autograd keeps for backward in one forward (parameters excluded): the stored activations."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**inputs)
+    return sum(seen.values())
+
+
+def _small_qwen(layers: int, blocks: int, attn: str, checkpointing: bool = False):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": layers, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 1024,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}}
+    vision = {"depth": blocks, "hidden_size": 128, "intermediate_size": 320, "num_heads": 4, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 256,
+              "fullatt_block_indexes": list(range(blocks))}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, video_token_id=1000, image_token_id=1001,
+                              vision_start_token_id=1002, vision_end_token_id=1003)
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.bfloat16).train()
+    model.set_attn_implementation(attn)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, Arch.from_hf_config(config)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_activation_formula_matches_what_autograd_keeps(attn):
+    """Per text layer and per vision block (one more of each, the rest equal), the bytes a bf16 forward of a small
+    Qwen2.5-VL saves for backward are within 15% of `activation_bytes`; with checkpointing, ~2*s*h per layer."""
+    gt, gh, gw = 2, 16, 16
+    patches, video = gt * gh * gw, gt * gh * gw // 4
+    ids = torch.tensor([[5] * 64 + [1000] * video + [6] * 64])
+    seq = ids.shape[1]
+    inputs = {"input_ids": ids, "labels": ids, "mm_token_type_ids": (ids == 1000).int() * 2,
+              "pixel_values_videos": torch.randn(patches, 3 * 2 * 14 * 14, dtype=torch.bfloat16),
+              "video_grid_thw": torch.tensor([[gt, gh, gw]])}
+    eager = attn == "eager"
+    base = _saved_bytes(_small_qwen(1, 1, attn)[0], **inputs)
+    layer = _saved_bytes(_small_qwen(2, 1, attn)[0], **inputs) - base
+    block = _saved_bytes(_small_qwen(1, 2, attn)[0], **inputs) - base
+    arch = _small_qwen(1, 1, attn)[1]
+    one = activation_bytes(arch, seq, 1, vision_patches=patches, vision_span=gh * gw, eager=eager)
+    assert layer == pytest.approx(one.text_b, rel=0.15)
+    assert block == pytest.approx(one.vision_b, rel=0.15)
+    ckpt = _saved_bytes(_small_qwen(2, 1, attn, True)[0], **inputs) - \
+        _saved_bytes(_small_qwen(1, 1, attn, True)[0], **inputs)
+    assert ckpt == pytest.approx(2 * seq * arch.hidden, rel=0.15)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from training.callbacks import Callback
+from training.metrics import RUN_PERF_KEYS
 from vtg import lineage
 from vtg.config import config_hash
 
@@ -65,8 +66,8 @@ class MLflowCallback(Callback):
         import mlflow
 
         if self.run is not None:
-            mlflow.log_metrics({"summary/skipped_batches": summary["skipped_batches"],
-                                "summary/data_errors": summary["data_errors"], "summary/wall_s": summary["wall_s"]})
+            keys = ("skipped_batches", "data_errors", "wall_s", "steps_per_s", *RUN_PERF_KEYS)
+            mlflow.log_metrics({f"summary/{k}": float(summary[k]) for k in keys if k in summary})
             mlflow.end_run(status="FINISHED" if summary.get("completed") else "KILLED")
             self.run = None
 

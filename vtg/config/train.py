@@ -11,7 +11,7 @@ class ModelConfig(Section):
     base: str = "tiny"
     """`tiny` builds a tiny Qwen2.5-VL locally; otherwise a hub id or local path of a checkpoint."""
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
-    """`auto`: flash_attention_2 when installed and on a GPU, else sdpa."""
+    """`auto`: flash_attention_2 when installed, on a GPU and precision is bf16/fp16, else sdpa."""
     finetune: Literal["full", "lora"] = "full"
     """Full fine-tuning or LoRA adapters (peft)."""
     lora_r: int = Field(16, ge=1)
@@ -96,6 +96,9 @@ class TrainConfig(Section):
     """Gradient accumulation steps."""
     num_gpus: int = Field(1, ge=1)
     """Ranks per node (GPUs; CPU processes over gloo when there is no GPU)."""
+    gpu_mem_gb: float = Field(80.0, gt=0, json_schema_extra=NOT_OUTPUT)
+    """Memory of each declared GPU in GiB: the pre-flight (`python -m training.preflight`, also run before
+    training) checks model states + activations of the longest example per GPU against it."""
     zero_stage: int = Field(2, ge=0, le=3)
     """DeepSpeed ZeRO stage (0-3)."""
     offload_optimizer: bool = False
@@ -104,6 +107,12 @@ class TrainConfig(Section):
     """ZeRO-Infinity style parameter offload to the CPU (stage 3 only)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision (fp32 on CPU: bf16 is ~40x slower there)."""
+    deterministic: bool = False
+    """Deterministic kernels on every rank (cuBLAS workspace, torch deterministic algorithms with warn_only, cuDNN
+    deterministic without benchmark); slower on GPUs. Recorded in every checkpoint's meta.json."""
+    peak_tflops: float = Field(0.0, ge=0, json_schema_extra=NOT_OUTPUT)
+    """Peak bf16 TFLOP/s of one device, the MFU denominator; 0: by GPU name (H100/H200 989, A100 312), and on
+    a CPU or an unknown GPU no MFU is logged."""
     save_every: int = Field(500, ge=1, json_schema_extra=RUN_LENGTH)
     """Checkpoint every N steps."""
     keep_last: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
@@ -123,6 +132,9 @@ class TrainConfig(Section):
             raise ValueError("offload_param needs zero_stage 3")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer needs zero_stage >= 1")
+        if self.model.attn_implementation == "flash_attention_2" and self.precision == "fp32":
+            raise ValueError("model.attn_implementation=flash_attention_2 needs precision bf16 or fp16 "
+                             "(flash-attn has no fp32 kernels)")
         for hook in self.checkpoint_hooks:
             if ":" not in hook:
                 raise ValueError(f"checkpoint hook {hook!r} must look like package.module:function")

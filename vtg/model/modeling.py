@@ -26,25 +26,44 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def choose_attn_implementation(requested: str = "auto", device: str | torch.device = "cpu") -> str:
-    """`auto` -> flash_attention_2 only with CUDA and flash-attn installed, else sdpa. Logs the choice once."""
+def choose_attn_implementation(requested: str = "auto", device: str | torch.device = "cpu",
+                               dtype: torch.dtype | None = None) -> str:
+    """`auto` -> flash_attention_2 only with CUDA, flash-attn installed and a 16-bit `dtype` (flash-attn has no
+    fp32 kernels), else sdpa. `dtype` is the model's (None: torch's default, fp32). Logs the choice once."""
     on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    dtype = dtype or torch.get_default_dtype()
+    half = dtype in (torch.bfloat16, torch.float16)
     if requested == "auto":
         from transformers.utils import is_flash_attn_2_available
 
-        choice = "flash_attention_2" if on_cuda and is_flash_attn_2_available() else "sdpa"
-        why = "CUDA + flash-attn available" if choice == "flash_attention_2" else (
-            "no CUDA device" if not on_cuda else "flash-attn not installed")
+        choice = "sdpa"
+        if not on_cuda:
+            why = "no CUDA device"
+        elif not half:
+            why = f"flash-attn needs bf16/fp16, the model is {str(dtype).removeprefix('torch.')}"
+        elif not is_flash_attn_2_available():
+            why = "flash-attn not installed"
+        else:
+            choice, why = "flash_attention_2", "CUDA + flash-attn available"
     else:
         choice, why = requested, "requested in config"
         if choice == "flash_attention_2" and not on_cuda:
             raise VTGError("attn_implementation=flash_attention_2 needs a CUDA device; use auto or sdpa on CPU")
+        if choice == "flash_attention_2" and not half:
+            raise VTGError("attn_implementation=flash_attention_2 needs bf16 or fp16 weights (flash-attn has no "
+                           "fp32 kernels); set train.precision=bf16, or attn_implementation auto or sdpa")
     log.info("attention implementation: %s (%s)", choice, why)
     return choice
 
 
 def resolve_base(base: str, seed: int = 0) -> str:
-    """`tiny` -> the cached tiny model directory; anything else (hub id or local path) unchanged."""
+    """`tiny` -> the cached tiny model directory; `shape-true:<hub id>[?text_layers=..&vision_blocks=..&vocab=..]`
+    -> the cached shape-true model directory (vtg/model/shape_true.py); anything else (hub id or local path)
+    unchanged."""
+    from vtg.model import shape_true
+
+    if shape_true.is_spec(base):
+        return str(shape_true.resolve_spec(base, seed=seed))
     return str(build_tiny_model(seed=seed)) if base == "tiny" else base
 
 
@@ -64,9 +83,9 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     path = Path(str(path_or_id))
-    source = resolve_base(str(path_or_id)) if str(path_or_id) == "tiny" else str(path_or_id)
-    attn = choose_attn_implementation(attn_implementation, device)
+    source = resolve_base(str(path_or_id))
     dtype = dtype or _default_dtype(device)
+    attn = choose_attn_implementation(attn_implementation, device, dtype)
     adapter_cfg = path / "adapter_config.json"
     try:
         if adapter_cfg.is_file():

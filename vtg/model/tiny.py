@@ -121,13 +121,20 @@ def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0) -> Path:
     """
     key = hashlib.sha256(f"{TINY_VERSION}:{seed}".encode()).hexdigest()[:10]
     out = Path(out_dir) if out_dir is not None else default_cache_dir() / f"tiny-s{seed}-{key}"
-    marker = out / "tiny_build.json"
-    if marker.is_file() and json.loads(marker.read_text()) == {"seed": seed, "version": TINY_VERSION}:
+    return build_once(out, "tiny_build.json", {"seed": seed, "version": TINY_VERSION},
+                      lambda tmp: _build_into(tmp, seed))
+
+
+def build_once(out: Path, marker_name: str, marker_content: dict, build_into) -> Path:
+    """`out` if its marker file holds `marker_content`, else `build_into(tmp)` in a temp dir beside it (which
+    must write the marker) and an atomic rename, so concurrent builders never see half a model."""
+    marker = out / marker_name
+    if marker.is_file() and json.loads(marker.read_text()) == marker_content:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _build_into(tmp, seed)
+        build_into(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -1,0 +1,273 @@
+"""Shape-true Qwen2.5-VL models: the real widths and head layout of a hub model, depth (and vocabulary) cut.
+
+A shape-true model is a random-init `Qwen2_5_VLForConditionalGeneration` whose every layer has the shapes of the
+real checkpoint's layers (same hidden sizes, intermediate sizes, attention heads / KV heads, head dim, rope
+sections, vision patch geometry and merger), with only a few decoder layers and vision blocks, and optionally a
+cut vocabulary. The real *recipe* (LoRA on the real module names, freeze_vision, ZeRO stage, accumulation,
+micro-batch, gradient checkpointing, export and reload) then runs on a CPU, and the GPU path sees the real
+matrix shapes. Nothing is downloaded: the architecture facts are data in this repository.
+
+**Architecture facts** (`vtg/model/archs/<name>.json`, one file per hub model; read by `arch_facts`, and by
+the training pre-flight). One JSON object, field names as in the model's published `config.json`:
+
+    hub_id        "Qwen/Qwen2.5-VL-3B-Instruct" (matched case-insensitively)
+    source        where the numbers come from
+    total_params  parameters of the full model (what the published safetensors hold; a cross-check)
+    text          hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads
+                  (head dim = hidden_size / num_attention_heads), vocab_size, tie_word_embeddings, rope_theta,
+                  rope_scaling {type: mrope, mrope_section}, max_position_embeddings, rms_norm_eps, hidden_act,
+                  use_sliding_window, sliding_window, max_window_layers
+    vision        depth, hidden_size, num_heads, intermediate_size, patch_size, spatial_merge_size,
+                  temporal_patch_size, window_size, fullatt_block_indexes, tokens_per_second, out_hidden_size,
+                  in_chans, hidden_act
+    token_ids     bos/eos, vision_start/vision_end, vision (pad), image and video token ids of the real tokenizer
+
+`hub_config(facts)` renders them as a `Qwen2_5_VLConfig` of the full model (a meta-device instance of it has
+exactly `total_params` parameters: tests/training/test_train_shape_true.py checks that).
+
+**Building one**: `build_shape_true("Qwen/Qwen2.5-VL-3B-Instruct", text_layers=1, vision_blocks=1,
+vocab=1024)` returns a directory (an HF export: config, safetensors, tokenizer, generation config) cached
+under `.cache/tiny_models` (or `$VTG_TINY_CACHE`), built once per (hub id, depths, vocab, seed, recipe
+version, facts). As a training/evaluation base: `train.model.base=shape-true:Qwen/Qwen2.5-VL-3B-Instruct`,
+optionally with `?text_layers=2&vision_blocks=2&vocab=1024&seed=0` (`vtg.model.modeling.resolve_base`).
+
+What is cut, and how the rest stays consistent:
+- `num_hidden_layers` = text_layers and vision `depth` = vision_blocks. **fullatt_block_indexes** keeps the real
+  full-attention blocks that still exist and always makes the last block full attention, as the real tower
+  does (its last block, 31, is full): 1 block -> [0] (no windowed block left), 2 -> [1] (block 0 windowed),
+  8 -> [7], 16 -> [7, 15].
+- The tokenizer is the local byte-level BPE of `vtg.model.tiny` (no download). With the real vocabulary
+  (`vocab=None`, or any vocab >= 151657) it is laid out like Qwen's: the BPE tokens, filler tokens up to
+  151642, then `<|endoftext|>`=151643 ... `<|video_pad|>`=151656 at their real ids, so the config keeps the
+  real special-token ids. With a cut vocabulary (>= the local tokenizer's 392 tokens, e.g. 1024) the
+  tokenizer is the tiny one and the config's token ids are remapped to its ids. Either way the config's
+  image/video/vision start/end, bos/eos/pad ids are the tokenizer's (checked at build time).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from vtg.errors import ConfigError
+
+ARCHS_DIR = Path(__file__).parent / "archs"
+PREFIX = "shape-true:"
+SHAPE_TRUE_VERSION = "1"  # bump when the build changes: cached builds are keyed by it
+MARKER = "shape_true_build.json"
+
+# The real Qwen2/2.5-VL special tokens from <|endoftext|> to <|video_pad|>, in id order (151643 ... 151656).
+QWEN_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
+]
+QWEN_FIRST_SPECIAL = 151643
+QWEN_LAYOUT_SIZE = QWEN_FIRST_SPECIAL + len(QWEN_SPECIALS)  # 151657: the Qwen-layout tokenizer's length
+_TOKEN_ID_FIELDS = {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>",
+                    "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+                    "vision_token_id": "<|vision_pad|>", "image_token_id": "<|image_pad|>",
+                    "video_token_id": "<|video_pad|>"}
+
+
+# ---- architecture facts -------------------------------------------------------------------------------------
+@functools.cache
+def _all_facts() -> dict[str, dict]:
+    facts = {}
+    for path in sorted(ARCHS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        facts[data["hub_id"].lower()] = data
+    return facts
+
+
+def arch_facts(base: str) -> dict | None:
+    """The architecture facts of a hub id (case-insensitive), or None when the repository has none for it.
+
+    Only hub ids: a `shape-true:` spec or a local path gives None (a cut model's shapes are in its config)."""
+    data = _all_facts().get(str(base).strip().lower())
+    return json.loads(json.dumps(data)) if data is not None else None  # a copy: callers may edit it
+
+
+def known_hub_ids() -> list[str]:
+    return [f["hub_id"] for f in _all_facts().values()]
+
+
+def _facts_or_raise(base: str) -> dict:
+    facts = arch_facts(base)
+    if facts is None:
+        raise ConfigError(f"shape-true: no architecture facts for {base!r} (known: {', '.join(known_hub_ids())}; "
+                          f"add a file to {ARCHS_DIR})")
+    return facts
+
+
+def _facts_digest(facts: dict) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cut_fullatt_blocks(real: list[int], depth: int) -> list[int]:
+    """The real full-attention block indexes that exist at `depth`, plus the last block (see module doc)."""
+    return sorted({i for i in real if i < depth} | {depth - 1})
+
+
+def _text_config(facts: dict, layers: int, vocab: int, ids: dict[str, int]) -> dict:
+    t = facts["text"]
+    rope = {"rope_type": "default", "rope_theta": float(t["rope_theta"]),
+            "mrope_section": list(t["rope_scaling"]["mrope_section"])}
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "hidden_act",
+            "max_position_embeddings", "rms_norm_eps", "use_sliding_window", "sliding_window", "max_window_layers")
+    return {**{k: t[k] for k in keep}, "num_hidden_layers": layers, "vocab_size": vocab, "rope_parameters": rope,
+            "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"],
+            "pad_token_id": ids.get("pad_token_id")}
+
+
+def _vision_config(facts: dict, blocks: int) -> dict:
+    v = dict(facts["vision"])
+    v["in_channels"] = v.pop("in_chans")
+    v["fullatt_block_indexes"] = cut_fullatt_blocks(v["fullatt_block_indexes"], blocks)
+    v["depth"] = blocks
+    return v
+
+
+def _config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: dict[str, int]):
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=_text_config(facts, text_layers, vocab, ids), vision_config=_vision_config(facts, vision_blocks),
+        image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"],
+        vision_start_token_id=ids["vision_start_token_id"], vision_end_token_id=ids["vision_end_token_id"],
+        tie_word_embeddings=bool(facts["text"]["tie_word_embeddings"]))
+
+
+def hub_config(facts: dict):
+    """The full (uncut) model's `Qwen2_5_VLConfig` from its facts, with the real token ids."""
+    return _config(facts, facts["text"]["num_hidden_layers"], facts["vision"]["depth"],
+                   facts["text"]["vocab_size"], dict(facts["token_ids"]))
+
+
+# ---- tokenizer --------------------------------------------------------------------------------------------
+def qwen_layout_tokenizer():
+    """The tiny byte-level BPE laid out like Qwen's vocabulary: its BPE tokens first, filler tokens (never
+    produced: no merge leads to them) up to 151642, then the Qwen special tokens at their real ids."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from vtg.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+
+    data = json.loads(build_tokenizer().backend_tokenizer.to_str())
+    regular = [tok for tok, _ in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+               if tok not in SPECIAL_TOKENS]
+    fillers = [f"<|vtg_filler_{i}|>" for i in range(len(regular), QWEN_FIRST_SPECIAL)]
+    vocab = {tok: i for i, tok in enumerate(regular + fillers + QWEN_SPECIALS)}
+    data["model"]["vocab"] = vocab
+    data["added_tokens"] = [{"id": vocab[tok], "content": tok, "single_word": False, "lstrip": False,
+                             "rstrip": False, "normalized": False, "special": True} for tok in QWEN_SPECIALS]
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=QWEN_SPECIALS[1:],
+                                   model_max_length=4096)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _tokenizer_for(vocab: int):
+    """(tokenizer, its special-token ids under the config field names) for a model vocabulary size."""
+    from vtg.model.tiny import build_tokenizer
+
+    tok = qwen_layout_tokenizer() if vocab >= QWEN_LAYOUT_SIZE else build_tokenizer()
+    if vocab < len(tok):
+        raise ConfigError(f"shape-true: vocab {vocab} is smaller than the local tokenizer ({len(tok)} tokens)")
+    ids = {field: tok.convert_tokens_to_ids(name) for field, name in _TOKEN_ID_FIELDS.items()}
+    ids["pad_token_id"] = tok.pad_token_id
+    return tok, ids
+
+
+# ---- spec and build ---------------------------------------------------------------------------------------
+def is_spec(base: str) -> bool:
+    return str(base).startswith(PREFIX)
+
+
+_SPEC_KEYS = {"text_layers", "vision_blocks", "vocab", "seed"}
+
+
+def parse_spec(spec: str) -> dict:
+    """`shape-true:<hub id>[?text_layers=N&vision_blocks=N&vocab=N&seed=N]` -> build_shape_true kwargs."""
+    if not is_spec(spec):
+        raise ConfigError(f"not a shape-true spec: {spec!r} (expected {PREFIX}<hub id>[?key=value&...])")
+    body = spec[len(PREFIX):]
+    hub_id, _, query = body.partition("?")
+    kwargs: dict = {"base": hub_id.strip()}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key not in _SPEC_KEYS:
+            raise ConfigError(f"{spec!r}: unknown option {key!r} (known: {', '.join(sorted(_SPEC_KEYS))})")
+        if not re.fullmatch(r"\d+", value):
+            raise ConfigError(f"{spec!r}: {key} must be a non-negative integer, got {value!r}")
+        kwargs[key] = int(value)
+    _facts_or_raise(kwargs["base"])
+    return kwargs
+
+
+def _check(facts: dict, text_layers: int, vision_blocks: int) -> None:
+    for name, value, real in (("text_layers", text_layers, facts["text"]["num_hidden_layers"]),
+                              ("vision_blocks", vision_blocks, facts["vision"]["depth"])):
+        if not 1 <= value <= real:
+            raise ConfigError(f"shape-true {facts['hub_id']}: {name} must be in 1..{real}, got {value}")
+
+
+def shape_true_config(base: str, text_layers: int = 1, vision_blocks: int = 1, vocab: int | None = None):
+    """(config, tokenizer) of a shape-true model, without building its weights."""
+    facts = _facts_or_raise(base)
+    _check(facts, text_layers, vision_blocks)
+    vocab = facts["text"]["vocab_size"] if vocab is None else int(vocab)
+    tokenizer, ids = _tokenizer_for(vocab)
+    if vocab >= QWEN_LAYOUT_SIZE:  # the real vocabulary keeps the real ids
+        real = {k: v for k, v in facts["token_ids"].items()}
+        assert all(ids[k] == real[k] for k in real), (ids, real)
+    return _config(facts, text_layers, vision_blocks, vocab, ids), tokenizer
+
+
+def _build_into(out: Path, facts: dict, marker: dict) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    config, tokenizer = shape_true_config(facts["hub_id"], marker["text_layers"], marker["vision_blocks"],
+                                          marker["vocab"])
+    torch.manual_seed(marker["seed"])
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.text_config.eos_token_id, pad_token_id=config.text_config.pad_token_id,
+        do_sample=False, max_new_tokens=16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / MARKER).write_text(json.dumps(marker) + "\n")
+
+
+def build_shape_true(base: str, text_layers: int = 1, vision_blocks: int = 1, vocab: int | None = None,
+                     out_dir: str | Path | None = None, seed: int = 0) -> Path:
+    """Build (once) a shape-true model of hub id `base` and return its directory (an HF export).
+
+    `vocab=None` keeps the real vocabulary size. Same arguments -> identical weights. With `out_dir=None` the
+    build lands in the tiny models' cache (`$VTG_TINY_CACHE` or `.cache/tiny_models`), keyed by every argument,
+    the recipe version and the facts' digest; the directory appears atomically.
+    """
+    from vtg.model.tiny import build_once, default_cache_dir
+
+    facts = _facts_or_raise(base)
+    _check(facts, text_layers, vision_blocks)
+    marker = {"hub_id": facts["hub_id"], "text_layers": int(text_layers), "vision_blocks": int(vision_blocks),
+              "vocab": facts["text"]["vocab_size"] if vocab is None else int(vocab), "seed": int(seed),
+              "version": SHAPE_TRUE_VERSION, "facts": _facts_digest(facts)}
+    key = hashlib.sha256(json.dumps(marker, sort_keys=True).encode()).hexdigest()[:10]
+    name = (f"shape-true-{facts['hub_id'].split('/')[-1].lower()}-t{text_layers}-v{vision_blocks}"
+            f"-voc{marker['vocab']}-s{seed}-{key}")
+    out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
+    return build_once(out, MARKER, marker, lambda tmp: _build_into(tmp, facts, marker))
+
+
+def resolve_spec(spec: str, seed: int = 0) -> Path:
+    """Build (once) the model a `shape-true:` spec names; the spec's own `seed=` wins over `seed`."""
+    kwargs = parse_spec(spec)
+    kwargs.setdefault("seed", seed)
+    return build_shape_true(**kwargs)
