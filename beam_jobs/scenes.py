@@ -65,16 +65,20 @@ class ContentCuts:
         from scenedetect import FrameTimecode
 
         n, h, w = bgr_small.shape[:3]
+        if n == 0:
+            return
         hsv = cv2.cvtColor(bgr_small.reshape(n * h, w, 3), cv2.COLOR_BGR2HSV).reshape(n, h * w * 3)
-        diff = cv2.absdiff(hsv[1:], hsv[:-1]).reshape(n - 1, h * w, 3)
-        means = diff.sum(axis=1, dtype=np.int64) / (h * w)  # exact integer sums per channel, then / h*w
         score = np.zeros(n)
-        score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
-        above = score >= self.threshold
-        if self.min_changed > 0:  # and enough of the frame changed: a cut, not an object appearing
-            changed = np.zeros(n)
-            changed[1:] = changed_share(diff, self.threshold)
-            above &= changed >= self.min_changed
+        above = np.zeros(n, bool)
+        if n > 1:  # one frame has no change to score (cv2.absdiff of empty arrays returns None)
+            diff = cv2.absdiff(hsv[1:], hsv[:-1]).reshape(n - 1, h * w, 3)
+            means = diff.sum(axis=1, dtype=np.int64) / (h * w)  # exact integer sums per channel, then / h*w
+            score[1:] = (means[:, 0] + means[:, 1] + means[:, 2]) / 3.0  # the same float ops as `push`
+            above = score >= self.threshold
+            if self.min_changed > 0:  # and enough of the frame changed: a cut, not an object appearing
+                changed = np.zeros(n)
+                changed[1:] = changed_share(diff, self.threshold)
+                above &= changed >= self.min_changed
         for i in range(n):
             if i == 0 or above[i] or self._filter._merge_triggered:
                 self._last = FrameTimecode(i, self.fps)

@@ -16,10 +16,10 @@ from apache_beam.pvalue import TaggedOutput
 from pydantic import ValidationError
 
 from beam_jobs import dedup
-from beam_jobs.items import FAILED, Outcome, VideoSig
+from beam_jobs.items import FAILED, FILTERED, Outcome, VideoSig
 from beam_jobs.probe import DecodeError, file_sha256, local_copy
 from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
-from beam_jobs.video import build_windows, decode, video_signature
+from beam_jobs.video import build_windows, decode, too_short, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord
 
@@ -95,14 +95,28 @@ class ReadRecords(beam.PTransform):
 # ---------------------------------------------------------------- videos
 
 
+def _span_or_none(r: CanonicalRecord):
+    """The record's normalized moment for the location histogram; None if even that fails (a failed record
+    must still be counted)."""
+    try:
+        return normalized_span(r.windows, r.duration_s)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class ProcessVideoFn(beam.DoFn):
-    """(video_id, records) -> windows; decode once. Unreadable videos -> dead letters, never a crash."""
+    """(video_id, records) -> windows; decode once. Never a crash: an unreadable video -> `unreadable_video`
+    dead letters; a video too short to split -> `too_short` (filtered); any other exception while one video is
+    processed -> `processing_error` dead letters (exception type, message, stage) for all its records. A video's
+    outputs are computed first and emitted only once it succeeded, so a late failure leaks no window."""
 
     def __init__(self, cfg: PreprocessConfig, progress_dir: str | None = None) -> None:
         self.cfg = cfg
         self.progress_dir = progress_dir
         self.ok = Metrics.counter(NS, "videos_decoded")
         self.failed = Metrics.counter(NS, "videos_failed")
+        self.errors = Metrics.counter(NS, "videos_processing_error")
+        self.short = Metrics.counter(NS, "videos_too_short")
         self.windows = Metrics.counter(NS, "windows_built")
         self.seconds = Metrics.counter(NS, "video_seconds")
 
@@ -111,22 +125,42 @@ class ProcessVideoFn(beam.DoFn):
 
     def process(self, item):
         video_id, records = item
-        records = sorted(records, key=lambda r: r.annotation_id)
-        path = records[0].video_path
+        stage = "group"
         try:
-            with local_copy(path) as local:
-                digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
-                yield TaggedOutput(DIGEST, (path, digest))
-                video = decode(local, self.cfg, expected_duration_s=max(r.duration_s for r in records))
-        except (DecodeError, OSError, ValueError, cv2.error) as e:
-            self.failed.inc()
-            yield from self._fail(records, f"{type(e).__name__}: {e}" if not isinstance(e, DecodeError) else str(e))
+            records = sorted(records, key=lambda r: r.annotation_id)
+            path = records[0].video_path
+            try:
+                stage = "read"
+                with local_copy(path) as local:
+                    digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
+                    yield TaggedOutput(DIGEST, (path, digest))
+                    stage = "decode"
+                    video = decode(local, self.cfg, expected_duration_s=max(r.duration_s for r in records))
+            except (DecodeError, OSError, ValueError, cv2.error) as e:
+                self.failed.inc()
+                yield from self._fail(records, "decode", "unreadable_video", e)
+                return
+            self.ok.inc()
+            self.seconds.inc(round(video.duration_s))
+            stage = "too_short"
+            short = too_short(video, self.cfg)
+            if short is not None:
+                self.short.inc()
+                for r in records:
+                    yield TaggedOutput(OUTCOME, Outcome(r.annotation_id, r.video_id, FILTERED, "too_short",
+                                                        normalized_span(r.windows, r.duration_s), short))
+                return
+            stage = "build_windows"
+            windows, dropped, window_drops = build_windows(video_id, records, video, self.cfg)
+            stage = "signature"
+            sig = video_signature(video_id, video, len(windows), self.cfg)
+        except Exception as e:  # noqa: BLE001 - one bad video must never take the job down
+            log.warning("video %s failed in %s: %s: %s", video_id, stage, type(e).__name__, e)
+            self.errors.inc()
+            yield from self._fail(list(records), stage, "processing_error", e)
             return
         finally:
             self._tick(video_id)
-        self.ok.inc()
-        self.seconds.inc(round(video.duration_s))
-        windows, dropped, window_drops = build_windows(video_id, records, video, self.cfg)
         self.windows.inc(len(windows))
         for w in windows:
             yield (video_id, w)
@@ -134,13 +168,16 @@ class ProcessVideoFn(beam.DoFn):
             yield TaggedOutput(OUTCOME, o)
         for reason in window_drops:
             yield TaggedOutput(WINDOW_EVENT, reason)
-        yield TaggedOutput(SIG, video_signature(video_id, video, len(windows), self.cfg))
+        yield TaggedOutput(SIG, sig)
 
-    def _fail(self, records, error: str):
+    def _fail(self, records, stage: str, reason: str, e: BaseException):
+        error = str(e) if isinstance(e, DecodeError) else f"{type(e).__name__}: {e}"
         for r in records:
-            yield TaggedOutput(DEAD, dead_letter("decode", error, record=r))
-            yield TaggedOutput(OUTCOME, Outcome(r.annotation_id, r.video_id, FAILED, "unreadable_video",
-                                                normalized_span(r.windows, r.duration_s)))
+            d = dead_letter(stage, error, record=r)
+            d.update(reason=reason, error_type=type(e).__name__)
+            yield TaggedOutput(DEAD, d)
+            yield TaggedOutput(OUTCOME, Outcome(r.annotation_id, r.video_id, FAILED, reason,
+                                                _span_or_none(r)))
 
     def _tick(self, video_id: str) -> None:
         if self.progress_dir:

@@ -29,6 +29,16 @@ def decode(path: str, cfg: PreprocessConfig, expected_duration_s: float | None =
                         quality_fps=cfg.quality.sample_fps, blur_size=cfg.quality.blur_size)
 
 
+def too_short(video: DecodedVideo, cfg: PreprocessConfig) -> str | None:
+    """Why the whole video is too short to split and sample (`too_short`: fewer than `quality.min_frames`
+    decoded frames, or under `quality.min_duration_s`), or None."""
+    q = cfg.quality
+    if video.n_frames < q.min_frames or video.duration_s < q.min_duration_s:
+        return (f"{video.n_frames} frame{'s' if video.n_frames != 1 else ''} at {video.fps:g} fps "
+                f"({video.duration_s:.3g} s); needs >= {q.min_frames} frames and >= {q.min_duration_s:g} s")
+    return None
+
+
 def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
     sc = cfg.scenes
     reach = max(1, round(sc.gradual_reach_s * video.fps))

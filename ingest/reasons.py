@@ -11,6 +11,7 @@ BAD_DURATION = "bad_duration"  # the annotation's duration is missing, non-finit
 UNPROBEABLE_VIDEO = "unprobeable_video"  # Charades only (no durations in the file): OpenCV cannot read the video
 END_BEYOND_DURATION = "end_beyond_duration"  # end > duration + ingest.end_tolerance_s
 DUPLICATE_ANNOTATION_ID = "duplicate_annotation_id"  # an earlier item already used this annotation id
+PATH_OUTSIDE_ROOT = "path_outside_root"  # video (symlinks resolved) outside video_root and extra_video_roots
 
 REASONS = (UNPARSABLE, UNKNOWN_FORMAT, EMPTY_QUERY, NOT_FINITE, NEGATIVE_START, START_GE_END, MISSING_VIDEO,
-           BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID)
+           BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID, PATH_OUTSIDE_ROOT)

@@ -57,7 +57,7 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
         except Invalid as e:
             tally.reasons[e.reason] += 1
             dead.append({"file": path.as_posix(), "line": line, "format": fmt, "reason": e.reason, "detail": e.detail,
-                         "annotation_id": getattr(item, "annotation_id", None), "raw": raw})
+                         "annotation_id": getattr(item, "annotation_id", None), "raw": raw, **e.fields})
         else:
             seen_ids.add(record.annotation_id)
             tally.records += 1
@@ -89,7 +89,7 @@ def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_durat
 def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
-    videos = VideoIndex(cfg.video_root)
+    videos = VideoIndex(cfg.video_root, cfg.extra_video_roots)
     records: list = []
     dead: list[dict] = []
     seen: set[str] = set()

@@ -17,9 +17,11 @@ Probe = Callable[[str], tuple[float | None, str]]
 
 
 class Invalid(Exception):
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, **fields):
         super().__init__(detail)
         self.reason, self.detail = reason, detail
+        self.fields = fields
+        """Extra dead-letter fields (e.g. the offending `video_path`)."""
 
 
 def check_windows(windows: list[tuple[float, float]]) -> None:
@@ -72,6 +74,10 @@ def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
     if path is None:
         raise Invalid(R.MISSING_VIDEO, f"no video file for id {item.video_id!r} under {videos.root} "
                                        "(.mp4 .avi .mkv .webm .mov)")
+    real = videos.outside_roots(path)  # the one containment check: the record's own path and indexed symlinks
+    if real is not None:
+        raise Invalid(R.PATH_OUTSIDE_ROOT, f"video {path} (resolves to {real}) is outside ingest.video_root "
+                                           f"{videos.root} and ingest.extra_video_roots", video_path=path)
     duration = resolve_duration(item, path, probe)
     windows, clipped = clip_windows(item.windows, duration, tolerance)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # probing corrupt files is expected: no FFmpeg noise
@@ -14,12 +15,14 @@ VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".webm", ".mov")
 
 
 class VideoIndex:
-    """`<root>/**/<video_id><ext>` for the common extensions, built with one directory walk."""
+    """`<root>/**/<video_id><ext>` for the common extensions, built with one directory walk; `extra_roots` are
+    further directories a record's own `video_path` may point into (not searched)."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, extra_roots: Sequence[str | Path] = ()):
         self.root = Path(root)
         if not self.root.is_dir():
             raise VTGError(f"{self.root}: video root does not exist; set ingest.video_root=<directory of videos>")
+        self.allowed = [os.path.realpath(r) for r in (self.root, *extra_roots)]
         rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
         found: dict[str, tuple[int, str]] = {}
         for dirpath, dirnames, filenames in os.walk(self.root):
@@ -33,6 +36,14 @@ class VideoIndex:
 
     def locate(self, video_id: str) -> str | None:
         return self.paths.get(video_id)
+
+    def outside_roots(self, path: str) -> str | None:
+        """None when `path`, with symlinks and `..` resolved, lies inside the video root or an extra root; else
+        the resolved path (the file a record would really read)."""
+        real = os.path.realpath(path)
+        if any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.allowed):
+            return None
+        return real
 
     def __len__(self) -> int:
         return len(self.paths)

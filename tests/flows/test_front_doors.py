@@ -4,7 +4,8 @@
   no stage writes into another's outputs and no pointer inside a DVC output is a symlink; then `make run`'s flow
   skips every stage;
 - `python -m flows` (what `make run` runs) in another clone: `dvc status` is clean afterwards and `dvc repro` runs
-  nothing; both clones hold the same `reports/eval/metrics.json` content.
+  nothing; both clones hold the same `reports/eval/metrics.json` content and one data version;
+- raising `train.max_steps` resumes in the DVC door; a trajectory change moves the old checkpoints aside.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def lock_outs(cwd: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_dvc_repro_twice_checkout_then_the_flow_skips_everything(tmp_path: Path):
+def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: Path):
+    # Door 1, `dvc repro`: twice (the second runs nothing), `dvc checkout`, again: nothing runs, nothing breaks.
     p = real_project(tmp_path / "repro")
     first = dvc(p, "repro")
     assert ran(first) == STAGES
@@ -52,7 +54,6 @@ def test_dvc_repro_twice_checkout_then_the_flow_skips_everything(tmp_path: Path)
     # evaluate wrote nothing into train's output: the lock's checkpoints md5 is what training left
     outs = lock_outs(p)
     assert sorted(x.name for x in (p / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
-
     second = dvc(p, "repro")
     assert ran(second) == [] and "Data and pipelines are up to date" in second
     dvc(p, "checkout")
@@ -60,50 +61,43 @@ def test_dvc_repro_twice_checkout_then_the_flow_skips_everything(tmp_path: Path)
     assert ran(third) == [] and lock_outs(p) == outs
     assert json.loads((p / "checkpoints" / "latest").read_text()) == pointer
     assert dvc(p, "status").strip().endswith("Data and pipelines are up to date.")
-
+    # ... then `make run`'s flow skips every stage.
     flow = sh([PY, "-m", "flows"], p)
     assert flow.count("Cached('up to date (dvc.lock)'") == len(STAGES), flow[-3000:]
     assert not any(f"[{s}] $ " in flow for s in STAGES)
     assert "Data and pipelines are up to date" in dvc(p, "status")
+
+    # Door 2, `make run` in a fresh clone: `dvc status` clean after it, `dvc repro` runs nothing, and the outputs
+    # are the ones door 1 wrote.
+    q = real_project(tmp_path / "flow")
+    flow = sh([PY, "-m", "flows"], q)
+    assert "=== post-training finished" in flow
+    assert "Data and pipelines are up to date" in dvc(q, "status")
+    assert ran(dvc(q, "repro")) == [] and outputs_with_symlinks(q) == []
+    flow_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
+    assert flow_metrics == json.loads((p / "reports/eval/metrics.json").read_text()) and flow_metrics["split"] == "test"
+    assert (q / "reports/eval/best.json").read_text() == (p / "reports/eval/best.json").read_text()
+    # one data version: the manifest's, in every checkpoint's meta and on the MLflow runs
+    version = json.loads((q / "data/shards/manifest.json").read_text())["data_version"]
+    metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints").glob("step-*"))]
+    assert version and {m["data_version"] for m in metas} == {version}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{q / 'mlflow.db'}")
+    train_run = client.get_run(metas[-1]["mlflow_run_id"])
+    assert train_run.data.tags["vtg.data_version"] == version
+    pipeline = client.get_run(train_run.data.tags["mlflow.parentRunId"])
+    assert pipeline.data.tags["vtg.data_version"] == version
 
     # Extending the run in the DVC door resumes it: the old checkpoints stay, training continues from step 4.
     set_params(p, **{"train.max_steps": 6})
     extended = dvc(p, "repro")
     assert ran(extended) == ["train", "evaluate"] and "resumed from" in extended and "step 4" in extended
     assert sorted(x.name for x in (p / "checkpoints").glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
-    assert not list(tmp_path.glob("repro/checkpoints-superseded-*"))
+    assert not list(p.glob("checkpoints-superseded-*"))
     # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them).
     set_params(p, **{"train.lr": 0.001})
     fresh = dvc(p, "repro")
     assert ran(fresh) == ["train", "evaluate"] and "moved the checkpoints" in fresh
     [aside] = p.glob("checkpoints-superseded-*")
     assert sorted(x.name for x in aside.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
-
-
-@pytest.mark.slow
-def test_make_run_leaves_dvc_clean_and_writes_what_dvc_repro_writes(tmp_path: Path):
-    p = real_project(tmp_path / "flow")
-    flow = sh([PY, "-m", "flows"], p)
-    assert "=== post-training finished" in flow
-    # one data version: the manifest's, in every checkpoint's meta and on the MLflow runs
-    version = json.loads((p / "data/shards/manifest.json").read_text())["data_version"]
-    metas = [json.loads((c / "meta.json").read_text()) for c in sorted((p / "checkpoints").glob("step-*"))]
-    assert version and {m["data_version"] for m in metas} == {version}
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{p / 'mlflow.db'}")
-    train_run = client.get_run(metas[-1]["mlflow_run_id"])
-    assert train_run.data.tags["vtg.data_version"] == version
-    pipeline = client.get_run(train_run.data.tags["mlflow.parentRunId"])
-    assert pipeline.data.tags["vtg.data_version"] == version
-    assert "Data and pipelines are up to date" in dvc(p, "status")
-    again = dvc(p, "repro")
-    assert ran(again) == []
-    assert outputs_with_symlinks(p) == []
-
-    q = real_project(tmp_path / "repro")
-    dvc(q, "repro")
-    flow_metrics = json.loads((p / "reports/eval/metrics.json").read_text())
-    repro_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
-    assert flow_metrics == repro_metrics and flow_metrics["split"] == "test"
-    assert (p / "reports/eval/best.json").read_text() == (q / "reports/eval/best.json").read_text()

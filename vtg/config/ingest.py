@@ -13,7 +13,9 @@ class IngestConfig(Section):
     format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"
     """Annotation format; `auto` decides by extension and content."""
     video_root: str = "data/raw/synthetic/videos"
-    """Directory searched (recursively) for `<video_id>.{mp4,avi,mkv,webm,mov}`."""
+    """Directory searched (recursively) for `<video_id>.{mp4,avi,mkv,webm,mov}`; every record's video (after resolving symlinks) must lie inside it or an `extra_video_roots` directory, else it is dead-lettered `path_outside_root`."""
+    extra_video_roots: list[str] = Field(default_factory=list)
+    """More directories a record's `video_path` may point into (an explicit allow-list; not searched by id)."""
     end_tolerance_s: float = Field(0.5, ge=0)
     """An end time up to this far beyond the video duration is clipped, not rejected."""
     out: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)

@@ -74,6 +74,12 @@ class QualityConfig(Section):
     (an underexposed video has no bright pixel: gain 0.12 keeps every luma <= 31)."""
     max_brightness: float = Field(235.0, ge=0, le=255)
     """Median mean luma above this -> dropped as `washed_out`."""
+    min_frames: int = Field(3, ge=1)
+    """Videos that decode to fewer frames are dropped whole as `too_short` (every query filtered): scene and
+    gradual-transition detection compare frames a step apart and the frame sampler needs distinct frames."""
+    min_duration_s: float = Field(0.1, ge=0)
+    """Videos shorter than this (decoded frames / fps) are dropped whole as `too_short`: a ~0 s clip has no
+    moment to ground."""
 
 
 class DedupConfig(Section):

@@ -9,7 +9,9 @@ from vtg.config._base import NOT_OUTPUT, RUN_LENGTH, Section
 
 class ModelConfig(Section):
     base: str = "tiny"
-    """`tiny` builds a tiny Qwen2.5-VL locally; otherwise a hub id or local path of a checkpoint."""
+    """`tiny` builds a tiny Qwen2.5-VL locally; `shape-true:<hub id>[?text_layers=N&vision_blocks=N&vocab=N]` a
+    random-init model at that hub model's real widths with depth cut (vtg/model/shape_true.py); otherwise a hub
+    id or local path of a checkpoint."""
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
     """`auto`: flash_attention_2 when installed, on a GPU and precision is bf16/fp16, else sdpa."""
     finetune: Literal["full", "lora"] = "full"
