@@ -106,10 +106,16 @@ def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", pare
     return record
 
 
-def follow(queue: Path, poll_s: float = 0.5):
-    """Yield the JSON lines of a growing file until a `{"done": true}` line."""
+def follow(queue: Path, poll_s: float = 0.5, parent: int | None = None):
+    """Yield the JSON lines of a growing file until a `{"done": true}` line, or until the process that started
+    this one (`parent`, default: the parent now) is gone: then nobody will write "done" (the flow was killed), and
+    the evaluator must not outlive it."""
     pos = 0
+    parent = os.getppid() if parent is None else parent
     while True:
+        if os.getppid() != parent:
+            log.warning("the process that started this evaluator (pid %d) is gone: stopping", parent)
+            return
         if queue.exists():
             with queue.open() as f:
                 f.seek(pos)

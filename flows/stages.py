@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +24,97 @@ from vtg.errors import VTGError
 
 log = logging.getLogger(__name__)
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks for a hostfile by default (multi-node)
+STOP_GRACE_S = 5.0
+"""Seconds a stopped child group gets between SIGTERM and SIGKILL."""
+
+# ---- process hygiene ------------------------------------------------------------------------------------------
+# Every process the flow starts (stage processes, the embedded evaluator) runs in its own process group, is
+# registered here, and is stopped with its whole group (SIGTERM, then SIGKILL after a grace period) when it is
+# done, on error, and on SIGINT/SIGTERM of the flow (`flows.__main__`). On Linux each child also gets the
+# parent-death signal, so a flow killed outright (SIGKILL) takes its children with it.
+_children: dict[int, subprocess.Popen] = {}
+_children_lock = threading.Lock()
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A `preexec_fn`: SIGTERM this child when the process that started it dies (Linux prctl; a no-op
+    elsewhere). Runs between fork and exec: only async-signal-safe work."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        libc = None
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec if sys.platform.startswith("linux") else None
+
+
+def spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """Start a child of the flow in its own process group, registered for `stop_children`."""
+    proc = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent(os.getpid()), **kwargs)  # noqa: PLW1509
+    with _children_lock:
+        _children[proc.pid] = proc
+    return proc
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int | None:
+    """Stop a `spawn`ed child and everything in its process group: SIGTERM, then SIGKILL after `grace_s`."""
+    stop_all([proc], grace_s)
+    return proc.returncode
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    groups = [p.pid for p in procs]
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.05)  # grandchildren (launcher ranks, data workers) of an exited leader
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        with _children_lock:
+            _children.pop(p.pid, None)
+
+
+def stop_children(grace_s: float = STOP_GRACE_S) -> int:
+    """Stop every child the flow started that is still registered; returns how many there were."""
+    with _children_lock:  # exited ones were reaped: their pid (= group id) may belong to someone else by now
+        procs = [p for p in _children.values() if p.poll() is None]
+        _children.clear()
+        _children.update({p.pid: p for p in procs})
+    if procs:
+        log.info("stopping %d child process group(s): %s", len(procs), ", ".join(str(p.pid) for p in procs))
+        stop_all(procs, grace_s)
+    return len(procs)
 
 
 @dataclass(frozen=True)
@@ -132,16 +225,18 @@ def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd
     tail: list[str] = []
     t0 = time.perf_counter()
     log.info("[%s] $ %s", name, " ".join(argv))
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                          bufsize=0) as proc:
+    with spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, bufsize=0) as proc:
         assert proc.stdout is not None
-        last_bar: dict[str, str] = {}
-        for line in _lines(proc.stdout):
-            if not line.strip() or _repeated_progress(line, last_bar):
-                continue
-            emit(line)
-            tail = (tail + [line])[-tail_lines:]
-        rc = proc.wait()
+        try:
+            last_bar: dict[str, str] = {}
+            for line in _lines(proc.stdout):
+                if not line.strip() or _repeated_progress(line, last_bar):
+                    continue
+                emit(line)
+                tail = (tail + [line])[-tail_lines:]
+            rc = proc.wait()
+        finally:
+            stop_process(proc)  # on error/interrupt: the stage; after a normal exit: stray group members
     result = StageResult(name, argv, rc, time.perf_counter() - t0, tail)
     if rc != 0:
         said = next((line.strip() for line in reversed(tail) if line.strip()), "no output")

@@ -26,7 +26,7 @@ from prefect.tasks import exponential_backoff
 from flows import tracking
 from flows.evaluation import results_path
 from flows.events import append_jsonl
-from flows.stages import ConfigArgs, module_cmd, run_stage, train_cmd
+from flows.stages import ConfigArgs, module_cmd, run_stage, spawn, stop_process, train_cmd
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
@@ -230,9 +230,9 @@ def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: 
         env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else device_ids([gpu], os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
         device = ["--device", "cpu" if gpu is None else "cuda:0"]
     log_path = queue.with_suffix(".log")
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.evaluation", "--queue", str(queue), "--split", cfg.evaluate.split,
-         "--params", args.params, *device], env=env, stdout=log_path.open("a"), stderr=subprocess.STDOUT)
+    with log_path.open("a") as log_file:  # own process group, stopped with the flow, dies with it (flows.stages)
+        return spawn([sys.executable, "-m", "flows.evaluation", "--queue", str(queue), "--split", cfg.evaluate.split,
+                      "--params", args.params, *device], env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
 
 def _trained(cfg: PipelineConfig) -> dict:
@@ -292,7 +292,7 @@ def wait_for_evaluations(cfg: PipelineConfig, queue: str) -> list[dict]:
         try:
             rc = proc.wait(timeout=cfg.orchestration.eval_wait_s)
         except subprocess.TimeoutExpired:
-            proc.terminate()
+            stop_process(proc)
             raise VTGError(f"embedded evaluator did not finish within {cfg.orchestration.eval_wait_s}s "
                            f"(log: {Path(queue).with_suffix('.log')})") from None
         if rc != 0:

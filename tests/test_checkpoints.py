@@ -1,7 +1,9 @@
 """The checkpoint directory contract (`vtg.checkpoints`): atomic finalize, plain-file pointers, pruning that keeps
-a protected (best) checkpoint, moving a root aside instead of deleting it, corrupt-dir errors."""
+a protected (best) checkpoint, moving a root aside instead of deleting it, corrupt-dir errors, verified file lists
+(truncated, missing or altered files; no meta.json; older checkpoints without a list)."""
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from vtg.checkpoints import (
     export_dir,
     finalize,
+    is_complete,
     latest_checkpoint,
     list_checkpoints,
     move_aside,
@@ -94,3 +97,74 @@ def test_half_written_and_corrupt_checkpoints_are_clear_errors(tmp_path):
     with pytest.raises(VTGError, match="no checkpoint directory"):
         read_checkpoint_meta(tmp_path / "nope")
     assert latest_checkpoint(tmp_path) is None
+
+
+# ---- verified checkpoints (issue 15): a file list in meta.json, checked by size (cheap) or sha256 (verify) ----
+def _save_with_weights(root, step, keep=3, payload=b"weights" * 100):
+    tmp = temp_dir_for(root, step)
+    export_dir(tmp).mkdir(parents=True)
+    (export_dir(tmp) / "config.json").write_text("{}")
+    (export_dir(tmp) / "model.safetensors").write_bytes(payload)
+    (tmp / "engine").mkdir()
+    (tmp / "engine" / "rank-0.json").write_text('{"run": {}}')
+    return finalize(root, step, dict(META), {"train": {}}, keep_last=keep)
+
+
+def test_finalize_records_every_file_with_size_and_digest(tmp_path):
+    import hashlib
+
+    final = _save_with_weights(tmp_path, 10)
+    files = {f["path"]: f for f in json.loads((final / "meta.json").read_text())["files"]}
+    assert set(files) == {"config.json", "hf/config.json", "hf/model.safetensors", "engine/rank-0.json"}
+    weights = (final / "hf" / "model.safetensors").read_bytes()
+    assert files["hf/model.safetensors"] == {"path": "hf/model.safetensors", "size": len(weights),
+                                             "sha256": hashlib.sha256(weights).hexdigest()}
+    assert read_checkpoint_meta(final, verify=True)["step"] == 10
+
+
+def test_truncated_safetensors_is_not_complete_and_latest_falls_back(tmp_path, caplog):
+    _save_with_weights(tmp_path, 10)
+    newest = _save_with_weights(tmp_path, 20)
+    weights = newest / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])  # a torn write / full disk: meta.json and a non-empty hf/ remain
+    assert not is_complete(newest)
+    with pytest.raises(VTGError, match=r"hf/model.safetensors has 50 bytes"):
+        read_checkpoint_meta(newest)
+    with caplog.at_level(logging.WARNING, logger="vtg.checkpoints"):
+        assert latest_checkpoint(tmp_path).name == "step-000010"
+    assert any("step-000020" in r.getMessage() and "model.safetensors" in r.getMessage() for r in caplog.records)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000010"]
+
+
+def test_same_size_corruption_is_caught_by_the_full_check(tmp_path, caplog):
+    _save_with_weights(tmp_path, 10)
+    newest = _save_with_weights(tmp_path, 20)
+    (newest / "engine" / "rank-0.json").write_text('{"run": []}')  # same length, other bytes
+    assert is_complete(newest)  # the cheap check (sizes) cannot see it
+    assert not is_complete(newest, verify=True)
+    with caplog.at_level(logging.WARNING, logger="vtg.checkpoints"):
+        assert latest_checkpoint(tmp_path, verify=True).name == "step-000010"
+    assert any("step-000020" in r.getMessage() and "sha256" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_file_and_missing_meta_are_skipped_with_a_warning(tmp_path, caplog):
+    _save_with_weights(tmp_path, 10)
+    middle = _save_with_weights(tmp_path, 20)
+    newest = _save_with_weights(tmp_path, 30)
+    (newest / "meta.json").unlink()
+    (middle / "engine" / "rank-0.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="vtg.checkpoints"):
+        assert latest_checkpoint(tmp_path, verify=True).name == "step-000010"
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "step-000030" in text and "no meta.json" in text
+    assert "step-000020" in text and "missing file engine/rank-0.json" in text
+
+
+def test_checkpoint_without_file_list_is_usable_unverified_with_a_warning(tmp_path, caplog):
+    old = _save(tmp_path, 10)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["files"]  # the layout before file lists
+    (old / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="vtg.checkpoints"):
+        assert latest_checkpoint(tmp_path, verify=True) == old
+    assert any("unverified" in r.getMessage() for r in caplog.records)

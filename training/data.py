@@ -21,6 +21,7 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import webdataset as wds
 
 from vtg.errors import VTGError
 from vtg.model.processing import VisionParams, answer_text, collate, encode_example, smart_resize
-from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key
+from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,69 @@ def shard_epochs(urls: tuple[str, ...], seed: int, resampled: bool) -> Iterator[
         epoch += 1
         if not resampled:
             return
+
+
+@lru_cache(maxsize=64)
+def _manifest_counts(root: str) -> dict[str, int]:
+    """Samples per shard path (absolute) as the manifest in `root` lists them; {} without a manifest."""
+    manifest = read_manifest(root) or {}
+    return {str((Path(root) / e["path"]).resolve()): int(e.get("samples", 0)) for e in manifest.get("shards") or []
+            if isinstance(e, dict) and e.get("path")}
+
+
+def expected_samples(url: str) -> int | None:
+    """How many samples the manifest beside a local shard (`<root>/<split>/shard-N.tar`) says it holds."""
+    if "://" in url:
+        return None
+    path = Path(url).resolve()
+    return _manifest_counts(str(path.parents[1])).get(str(path))
+
+
+def _reraise(exn: Exception) -> bool:
+    raise exn
+
+
+def _complete(sample: dict) -> bool:
+    try:
+        n = json.loads(sample["json"])["num_frames"]
+        return all(f"f{i:03d}.jpg" in sample for i in range(n))
+    except Exception:  # noqa: BLE001 - anything unreadable is incomplete
+        return False
+
+
+def shard_samples(src: Iterator[dict], errors: ErrorLog) -> Iterator[dict]:
+    """Shard urls -> samples (members grouped by key), one shard at a time. A shard that cannot be opened, fails
+    mid-read, ends inside a sample, or holds fewer samples than the manifest lists is ONE error per pass over it
+    (not one per sample): the shard, the last good key, and how many samples were read vs how many the manifest
+    says it holds (the keys after the error point are unknown)."""
+    for item in src:
+        url = item["url"]
+        n, last, held, failure = 0, None, None, None
+        try:
+            members = wds.tariterators.tar_file_expander(wds.tariterators.url_opener([item], handler=_reraise),
+                                                         handler=_reraise)
+            for sample in wds.tariterators.group_by_keys(members, keys=member_key, handler=_reraise):
+                if held is not None:
+                    n, last = n + 1, held.get("__key__")
+                    yield held
+                held = sample
+        except Exception as e:  # noqa: BLE001 - an unreadable shard is counted and skipped, never fatal
+            failure = f"{type(e).__name__}: {str(e.args[0]) if e.args else e}"
+        cut = None
+        if held is not None:  # the last sample: incomplete means the shard was cut inside it
+            if _complete(held):
+                n, last = n + 1, held.get("__key__")
+                yield held
+            else:
+                cut = held.get("__key__")
+        want = expected_samples(url)
+        if failure is None and cut is None and (want is None or n >= want):
+            continue
+        why = failure or (f"ended inside sample {cut}" if cut else "ended early")
+        lost = (f"{want - n} of its {want} samples lost" if want is not None and want >= n
+                else "samples after it lost (count unknown: no manifest)")
+        errors.add(f"unreadable_shard: {why}; read {n} samples (last good key {last or '-'}), {lost}; keys after "
+                   "the error point unknown", url)
 
 
 def _image_size(jpeg: bytes) -> tuple[int, int]:
@@ -158,9 +222,7 @@ class ShardStream(torch.utils.data.IterableDataset):
         skip = max(0, -(-(s.skip_batches - logical) // num_workers))
         src = wds.split_by_node(shard_epochs(s.urls, s.seed, s.resampled))
         src = islice(src, logical, None, num_workers)
-        members = wds.tariterators.tar_file_expander(wds.tariterators.url_opener(src, handler=errors),
-                                                     handler=errors)
-        samples = wds.tariterators.group_by_keys(members, keys=member_key, handler=errors)
+        samples = shard_samples(src, errors)
         examples = Expander(self.tokenizer, self.vision, errors)(samples)
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
         examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)

@@ -88,13 +88,21 @@ def set_determinism(enabled: bool) -> None:
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """Every RNG's state in forms that need no pickle: python and numpy as JSON-able lists/numbers, torch and
+    CUDA as tensors (saved apart, loaded with `torch.load(weights_only=True)`)."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(words), gauss], "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+            "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore what `rng_state` returned (also takes the pickled forms of older checkpoints)."""
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

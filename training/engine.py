@@ -58,6 +58,10 @@ class DeepSpeedEngine:
         self.engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
 
     def load(self, directory: Path) -> None:
+        # DeepSpeed reads its state files with torch.load(weights_only=False) (TorchCheckpointEngine.load, 0.19):
+        # it unpickles them. The loop calls this only on a checkpoint whose every file matched the sha256 that
+        # meta.json recorded at save time (`vtg.checkpoints.read_checkpoint_meta(verify=True)` in `_resume_dir`),
+        # so a truncated, swapped or crafted file is refused before DeepSpeed opens it.
         path, _ = self.engine.load_checkpoint(str(directory), tag=DS_TAG, load_optimizer_states=True,
                                               load_lr_scheduler_states=True)
         if path is None:
@@ -143,7 +147,9 @@ class FSDPEngine:
         dcp.load(state, checkpoint_id=str(directory / "fsdp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
-        extra = torch.load(directory / f"fsdp_extra_rank{torch.distributed.get_rank()}.pt", weights_only=False)
+        # scheduler state (numbers, lists, dicts) and a counter: no pickle needed. The DCP metadata above is read
+        # with pickle by torch; like DeepSpeed's files, its digest was verified before resuming.
+        extra = torch.load(directory / f"fsdp_extra_rank{torch.distributed.get_rank()}.pt", weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
         keep_schedule_from_config(self.scheduler, self.schedule)
         self.micro = extra["micro"]

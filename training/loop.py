@@ -6,6 +6,7 @@ FSDP2). Side effects go through callbacks; this module imports no tracker.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -33,7 +34,14 @@ from training.engine import build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import PerfMonitor, model_flops, vision_patches
 from training.preflight import check_before_training
-from training.sanity import check_data_version, check_examples, check_model, check_tokenizer
+from training.sanity import (
+    SanityError,
+    check_data_version,
+    check_examples,
+    check_model,
+    check_shards_manifest,
+    check_tokenizer,
+)
 from vtg import checkpoints as ckpt
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
@@ -104,13 +112,17 @@ def _resume_dir(cfg: PipelineConfig, data_version: str) -> Path | None:
     tcfg = cfg.train
     root = Path(tcfg.out_dir)
     if tcfg.resume not in ("auto", "never"):
-        ckpt.read_checkpoint_meta(tcfg.resume)
+        # the full check (digests) before anything of it is opened: DeepSpeed unpickles its state files
+        try:
+            ckpt.read_checkpoint_meta(tcfg.resume, verify=True)
+        except VTGError as e:
+            raise VTGError(f"train.resume={tcfg.resume}: cannot resume from it: {e}") from None
         return ckpt.resolve_checkpoint(tcfg.resume)
     if tcfg.resume == "never":
         if ckpt.has_checkpoints(root):
             ckpt.move_aside(root, "train.resume=never starts a fresh run")
         return None
-    latest = ckpt.latest_checkpoint(root)
+    latest = ckpt.latest_checkpoint(root, verify=True)  # newest that verifies; skipped ones are warned about
     if latest is None:
         return None
     meta = ckpt.read_checkpoint_meta(latest)
@@ -124,6 +136,44 @@ def _resume_dir(cfg: PipelineConfig, data_version: str) -> Path | None:
         ckpt.move_aside(root, why)
         return None
     return latest
+
+
+def _write_rank_state(checkpoint: Path, rank: int, state: dict) -> None:
+    """Run state, guard and python/numpy RNG as JSON; torch/CUDA RNG tensors apart (loadable weights_only)."""
+    rng = dict(state["rng"])
+    tensors = {"torch": rng.pop("torch"), "cuda": rng.pop("cuda")}
+    ckpt.write_json_atomic(ckpt.rank_state_file(checkpoint, rank), {**state, "rng": rng})
+    torch.save(tensors, ckpt.rank_rng_file(checkpoint, rank))
+
+
+def _read_rank_state(checkpoint: Path, rank: int) -> dict:
+    """What `_write_rank_state` wrote; nothing is unpickled (JSON, and tensors under `weights_only=True`).
+
+    An older checkpoint's single pickled `rank-<r>.pt` is read with `weights_only=True` too (numpy arrays allowed)."""
+    import pickle
+
+    import numpy as np
+
+    state_file, rng_file = ckpt.rank_state_file(checkpoint, rank), ckpt.rank_rng_file(checkpoint, rank)
+    try:
+        if state_file.is_file():
+            state = json.loads(state_file.read_text())
+            tensors = torch.load(rng_file, weights_only=True, map_location="cpu")
+            state["rng"] = {**state["rng"], "torch": tensors["torch"], "cuda": tensors["cuda"]}
+        elif rng_file.is_file():  # the layout before the run state moved to JSON
+            with torch.serialization.safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype,
+                                                   type(np.dtype(np.uint32))]):
+                state = torch.load(rng_file, weights_only=True, map_location="cpu")
+        else:
+            raise VTGError(f"{checkpoint}: no run state for rank {rank} ({state_file.name} is missing); "
+                           "exact resume needs every rank's state")
+        state["run"], state["guard"], state["rng"], state["num_workers"]  # all there (KeyError otherwise)
+    except VTGError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
+        raise VTGError(f"{checkpoint}: unreadable run state for rank {rank} "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return state
 
 
 def _protected(cfg: PipelineConfig) -> list[Path]:
@@ -168,6 +218,7 @@ class Trainer:
         self.dist = init_distributed(self.tcfg.strategy)
         seed_everything(self.tcfg.seed)
         set_determinism(self.tcfg.deterministic)
+        self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
         self.callbacks = CallbackList(default_callbacks(cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
@@ -180,13 +231,34 @@ class Trainer:
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
                                    self.dist.is_main)
         self.sanity_checks()
+        # one trainer per checkpoint folder: rank 0 holds <out_dir>/.lock until the run ends (or the process dies)
+        self.lock = ckpt.lock_checkpoint_root(self.tcfg.out_dir) if self.dist.is_main else None
         self.engine = build_engine(self.model, self.tcfg, self.dist.world_size)
         self.guard = StabilityGuard.from_config(self.tcfg.guards)
         self.state = RunState()
         self.resumed_meta: dict = {}
         self.resume()
+        if self.lock is not None:
+            self.lock.refresh()  # resume may have moved the old root (and its lock file) aside
+
+    def release_lock(self) -> None:
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
 
     # ---- before step 1 -------------------------------------------------------------------------------
+    def check_shards(self) -> None:
+        """Rank 0 checks the split's shards against the manifest (sizes, sha256, none missing or extra); every
+        rank stops with the same one-line error."""
+        problem = None
+        if self.dist.is_main:
+            try:
+                check_shards_manifest(self.tcfg.shards_dir, self.tcfg.data.split)
+            except SanityError as e:
+                problem = str(e)
+        problem = _broadcast(problem, self.dist)
+        if problem:
+            raise SanityError(problem)
+
     def sanity_checks(self) -> None:
         check_tokenizer(self.tokenizer)
         vision_ids = {self.model.config.video_token_id, self.model.config.image_token_id,
@@ -204,9 +276,8 @@ class Trainer:
         if not src:
             return
         src = Path(src)
-        meta = ckpt.read_checkpoint_meta(src)
-        rank_file = ckpt.rank_state_file(src, self.dist.rank)
-        if meta.get("world_size", 1) != self.dist.world_size or not rank_file.is_file():
+        meta = ckpt.read_checkpoint_meta(src)  # rank 0 verified every digest (`_resume_dir`)
+        if meta.get("world_size", 1) != self.dist.world_size:
             raise VTGError(f"{src}: saved with world size {meta.get('world_size')}, now {self.dist.world_size}; "
                            "exact resume needs the same world size (or set train.resume=never)")
         if meta.get("train_hash") != train_hash(self.tcfg):
@@ -216,8 +287,8 @@ class Trainer:
         if meta.get("data_version") != self.data_version:
             log.warning("resuming %s (given as train.resume) trained on data %s, shards are now %s", src,
                         meta.get("data_version"), self.data_version)
+        saved = _read_rank_state(src, self.dist.rank)
         self.engine.load(ckpt.engine_dir(src))
-        saved = torch.load(rank_file, weights_only=False)
         if saved["num_workers"] != self.tcfg.data.num_workers:
             raise VTGError(f"{src}: saved with train.data.num_workers={saved['num_workers']}; the data order "
                            "depends on it, resume with the same value")
@@ -236,13 +307,14 @@ class Trainer:
             ckpt.engine_dir(tmp).mkdir(parents=True)
         barrier()
         self.engine.save(ckpt.engine_dir(tmp))
-        torch.save({"run": self.state.__dict__, "guard": self.guard.state_dict(), "rng": rng_state(),
-                    "num_workers": self.tcfg.data.num_workers},
-                   ckpt.rank_state_file(tmp, self.dist.rank))
+        _write_rank_state(tmp, self.dist.rank, {"run": self.state.__dict__, "guard": self.guard.state_dict(),
+                                                "rng": rng_state(), "num_workers": self.tcfg.data.num_workers})
         state_dict = self.engine.full_state_dict()
         final = None
         if self.dist.is_main:
             self.export_hf(state_dict, ckpt.export_dir(tmp))
+        barrier()  # every rank's files are in place before rank 0 lists and digests them into meta.json
+        if self.dist.is_main:
             meta = {"data_version": self.data_version, "git_commit": self.git_commit,
                     "config_hash": config_hash(self.cfg), "train_hash": train_hash(self.tcfg), "finetune": self.tcfg.model.finetune,
                     "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
@@ -370,4 +442,8 @@ class Trainer:
 def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None) -> dict:
     """Train per `cfg` (resuming per `train.resume`); returns a summary with the per-step losses."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return Trainer(cfg, callbacks).fit(stop_after=stop_after)
+    trainer = Trainer(cfg, callbacks)
+    try:
+        return trainer.fit(stop_after=stop_after)
+    finally:
+        trainer.release_lock()

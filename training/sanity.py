@@ -2,12 +2,41 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from vtg.errors import VTGError
 from vtg.model.processing import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
 
 
 class SanityError(VTGError):
     """A pre-training check failed."""
+
+
+def check_shards_manifest(shards_dir, split: str) -> None:
+    """The split's shards agree with the manifest preprocess wrote (`vtg.shards.verify_shards`): a listed shard
+    missing, an unlisted one, or one whose size/sha256 differs stops the run before step 1 with one line naming
+    the shard. Without a manifest (hand-made shards) a warning, and training goes on. An explicit list of shard
+    paths/URLs is not checked (no shard root to find a manifest in)."""
+    from vtg.shards import MANIFEST, read_manifest, verify_shards
+
+    if not isinstance(shards_dir, (str, Path)) or "://" in str(shards_dir):
+        return
+    root = Path(shards_dir)
+    manifest = read_manifest(root)
+    if manifest is None:
+        log.warning("no %s in %s: the %s shards cannot be checked (hand-made shards?); training on what is there",
+                    MANIFEST, root, split)
+        return
+    problems = verify_shards(root, split, manifest)
+    if problems:
+        more = f" (+{len(problems) - 1} more: {', '.join(p.shard for p in problems[1:4])}" + (
+            ", ..." if len(problems) > 4 else "") + ")" if len(problems) > 1 else ""
+        raise SanityError(f"shard {problems[0]} in {root}{more}; the shards do not match {root / MANIFEST}: "
+                          "re-run preprocess (python -m beam_jobs.preprocess) or restore them with "
+                          "`dvc checkout` (DVC-versioned shards)")
 
 
 def check_tokenizer(tokenizer) -> None:

@@ -9,10 +9,13 @@ Layout under the checkpoint root (`train.out_dir`, default `checkpoints/`)::
                        `vtg.model.modeling.load_model_and_tokenizer(export_dir(<ckpt>))`.
         engine/        training state for exact resume: the DeepSpeed engine checkpoint (optimizer, scheduler,
                        step; tag `state`) or, for `strategy: fsdp`, a torch.distributed.checkpoint directory,
-                       plus `rank-<r>.pt` per rank (python/numpy/torch RNG, data position, stability-guard state).
+                       plus per rank `rank-<r>.json` (run state, data position, stability-guard state, python and
+                       numpy RNG: plain JSON) and `rank-<r>.pt` (torch/CUDA RNG tensors only, read with
+                       `torch.load(weights_only=True)`). Nothing of ours is ever unpickled.
         config.json    the resolved PipelineConfig (all sections) used for the run.
         meta.json      written LAST: {step, data_version, git_commit, mlflow_run_id, config_hash, finetune, base,
-                       world_size, samples_seen, created_at, metrics}. Its presence marks a complete checkpoint.
+                       world_size, samples_seen, created_at, metrics, files}. `files` lists every other file of the
+                       checkpoint ({path (relative, POSIX), size, sha256}).
       latest           a pointer file (JSON: {"checkpoint": "step-000200", "step": 200}), replaced atomically
                        after each complete checkpoint
 
@@ -24,10 +27,18 @@ Writes are atomic: everything goes to `.tmp-step-000200/` first and is renamed i
 `latest` moves. Only the last `keep_last` step directories are kept (plus any `protect`ed one, e.g. the best).
 A root whose checkpoints belong to another trajectory is moved aside (`move_aside`), never deleted.
 `read_checkpoint_meta` refuses a half-written or corrupt directory with a clear `VTGError`.
+
+Complete = meta.json is there and every file it lists is there with its size (the cheap check, used by listing,
+retention and evaluation); `verify=True` also compares each sha256 (the full check, run before resuming: DeepSpeed
+unpickles its own state files with `weights_only=False`, so a file that is not byte-for-byte what was saved must be
+refused before it is opened). A checkpoint written before file lists existed (no `files` in meta.json) is accepted
+as unverified with a warning. `latest_checkpoint` skips a newer checkpoint that does not pass, with a warning that
+names it and says why, and falls back to the newest one that does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -51,6 +62,8 @@ BEST_POINTER = "best.json"
 """File name of the best-checkpoint pointer that evaluation writes into its own output folder."""
 SUPERSEDED = "superseded"
 REQUIRED_META = ("step", "data_version", "git_commit", "config_hash", "finetune", "base")
+FILES_KEY = "files"
+"""meta.json key of the checkpoint's file list: [{path, size, sha256}] of every file written before meta.json."""
 
 
 def step_dir_name(step: int) -> str:
@@ -67,7 +80,12 @@ def engine_dir(checkpoint: str | Path) -> Path:
 
 
 def rank_state_file(checkpoint: str | Path, rank: int) -> Path:
-    """Per-rank run state (RNG, data position, guard) next to the engine state."""
+    """Per-rank run state (data position, guard, python/numpy RNG) as plain JSON, next to the engine state."""
+    return engine_dir(checkpoint) / f"rank-{rank}.json"
+
+
+def rank_rng_file(checkpoint: str | Path, rank: int) -> Path:
+    """Per-rank torch/CUDA RNG state: tensors only, loaded with `torch.load(weights_only=True)`."""
     return engine_dir(checkpoint) / f"rank-{rank}.pt"
 
 
@@ -136,8 +154,52 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return info["path"] if info else p.resolve()
 
 
-def read_checkpoint_meta(path: str | Path) -> dict:
-    """meta.json of a complete checkpoint; a missing, half-written or corrupt one is a clear VTGError."""
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_list(checkpoint: str | Path) -> list[dict]:
+    """{path, size, sha256} of every file under `checkpoint` except meta.json (and its temp file), sorted."""
+    checkpoint = Path(checkpoint)
+    out = []
+    for p in sorted(checkpoint.rglob("*")):
+        rel = p.relative_to(checkpoint).as_posix()
+        if p.is_dir() or rel in (META_FILE, f".{META_FILE}.tmp"):
+            continue
+        out.append({"path": rel, "size": p.stat().st_size, "sha256": file_digest(p)})
+    return out
+
+
+def _check_files(ckpt: Path, files: Any, verify: bool) -> None:
+    """VTGError naming the first listed file that is missing, or differs in size (or, with `verify`, in sha256)."""
+    if not isinstance(files, list):
+        raise VTGError(f"{ckpt}: corrupt checkpoint metadata ({FILES_KEY!r} is not a list)")
+    for item in files:
+        try:
+            rel, size, digest = item["path"], int(item["size"]), item["sha256"]
+        except (TypeError, KeyError, ValueError):
+            raise VTGError(f"{ckpt}: corrupt checkpoint metadata (bad {FILES_KEY!r} entry {item!r})") from None
+        p = ckpt / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise VTGError(f"{ckpt}: corrupt checkpoint metadata (file {rel!r} outside the checkpoint)")
+        if not p.is_file():
+            raise VTGError(f"{ckpt}: corrupt checkpoint (missing file {rel})")
+        if (actual := p.stat().st_size) != size:
+            raise VTGError(f"{ckpt}: corrupt checkpoint ({rel} has {actual} bytes, {size} were saved: truncated "
+                           "or rewritten)")
+        if verify and file_digest(p) != digest:
+            raise VTGError(f"{ckpt}: corrupt checkpoint ({rel}: sha256 differs from the one saved)")
+
+
+def read_checkpoint_meta(path: str | Path, verify: bool = False) -> dict:
+    """meta.json of a complete checkpoint; a missing, half-written or corrupt one is a clear VTGError.
+
+    Every file in meta.json's file list must be there with its size; `verify=True` (before resuming) also checks
+    each sha256. A checkpoint without a file list (older layout) passes unverified, with a warning under `verify`."""
     ckpt = resolve_checkpoint(path)
     if not ckpt.is_dir():
         raise VTGError(f"{path}: no checkpoint directory there")
@@ -154,6 +216,11 @@ def read_checkpoint_meta(path: str | Path) -> dict:
     hf = export_dir(ckpt)
     if not hf.is_dir() or not any(hf.iterdir()):
         raise VTGError(f"{ckpt}: checkpoint has no {HF_DIR}/ export (corrupt or half-written)")
+    if FILES_KEY in meta:
+        _check_files(ckpt, meta[FILES_KEY], verify)
+    elif verify:
+        log.warning("%s: no file list in %s (saved before checkpoints were verified): using it unverified",
+                    ckpt, META_FILE)
     return meta
 
 
@@ -168,6 +235,7 @@ def finalize(root: str | Path, step: int, meta: dict, config: dict, keep_last: i
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise ValueError(f"checkpoint meta lacks {missing}")
+    meta[FILES_KEY] = file_list(tmp)  # every rank has written its part (the caller's barrier); meta.json last
     write_json_atomic(tmp / META_FILE, meta)
     final = root / step_dir_name(step)
     if final.exists():  # a re-run of the same step of the same trajectory (after resuming from an earlier one)
@@ -178,20 +246,29 @@ def finalize(root: str | Path, step: int, meta: dict, config: dict, keep_last: i
     return final
 
 
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete step directories, oldest first."""
+def _step_dirs(root: Path) -> list[Path]:
+    return sorted((p for p in root.glob("step-*") if not p.is_symlink() and p.is_dir()), key=lambda p: p.name)
+
+
+def list_checkpoints(root: str | Path, verify: bool = False) -> list[Path]:
+    """Complete step directories (all listed files there with their sizes; `verify`: and digests), oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.glob("step-*") if not p.is_symlink() and is_complete(p)), key=lambda p: p.name)
+    return [p for p in _step_dirs(root) if is_complete(p, verify)]
 
 
-def is_complete(path: str | Path) -> bool:
+def checkpoint_problem(path: str | Path, verify: bool = False) -> str | None:
+    """Why `path` is not a complete checkpoint (the VTGError's message), or None when it is."""
     try:
-        read_checkpoint_meta(path)
-    except VTGError:
-        return False
-    return True
+        read_checkpoint_meta(path, verify)
+    except VTGError as e:
+        return str(e)
+    return None
+
+
+def is_complete(path: str | Path, verify: bool = False) -> bool:
+    return checkpoint_problem(path, verify) is None
 
 
 def prune(root: str | Path, keep_last: int, protect: Iterable[Path] = ()) -> list[Path]:
@@ -207,13 +284,25 @@ def prune(root: str | Path, keep_last: int, protect: Iterable[Path] = ()) -> lis
     return doomed
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root` (by the `latest` pointer, else by name), or None."""
-    target = resolve_pointer(root, LATEST)
-    if target is not None and is_complete(target):
-        return target
-    complete = list_checkpoints(root)
-    return complete[-1] if complete else None
+def latest_checkpoint(root: str | Path, verify: bool = False) -> Path | None:
+    """The newest complete checkpoint under `root` (by the `latest` pointer, else by name), or None.
+
+    `verify=True` (before resuming) checks every file's digest. A checkpoint that does not pass (no meta.json, a
+    missing, truncated or altered file) is skipped with a warning naming it and why; the next older one is tried."""
+    root = Path(root)
+    target = resolve_pointer(root, LATEST) if root.is_dir() else None
+    candidates = ([target] if target is not None else []) + [
+        p for p in reversed(_step_dirs(root) if root.is_dir() else []) if target is None or p.resolve() != target]
+    for i, p in enumerate(candidates):
+        if i == 0 and target is not None and not p.exists():
+            log.warning("%s: the %r pointer names %s, which is not there; looking for an older checkpoint",
+                        root, LATEST, p.name)
+            continue
+        why = checkpoint_problem(p, verify)
+        if why is None:
+            return p
+        log.warning("skipping checkpoint %s: %s", p.name, why)
+    return None
 
 
 def has_checkpoints(root: str | Path) -> bool:
@@ -234,3 +323,74 @@ def move_aside(root: str | Path, reason: str) -> Path:
     log.warning("moved the checkpoints in %s aside to %s: %s (nothing deleted; remove it yourself when done)",
                 root, dest, reason)
     return dest
+
+
+LOCK_FILE = ".lock"
+"""`<checkpoint root>/.lock`: held (`fcntl.flock`) by the rank-0 trainer for its whole run; it holds the pid."""
+
+
+class CheckpointLock:
+    """An exclusive `flock` on `<root>/.lock`: one trainer per checkpoint folder. `acquire` refuses a held lock at
+    once with a `VTGError` naming the holder's pid; the kernel drops the lock when the holder dies (even SIGKILL).
+
+    The file is removed on release; an acquirer checks that the file it locked is still the one at the path (not
+    one a releasing holder just unlinked, nor one `move_aside` took away with the old root), else tries again."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.path = self.root / LOCK_FILE
+        self.fd: int | None = None
+
+    def _held_here(self) -> bool:
+        try:
+            return self.fd is not None and os.path.samestat(os.fstat(self.fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
+    def acquire(self) -> CheckpointLock:
+        import fcntl
+
+        for _ in range(50):
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise VTGError(f"{self.root} is in use by another trainer (pid {holder} holds {self.path}): wait for "
+                               "it to finish or stop it, or set another train.out_dir") from None
+            old, self.fd = self.fd, fd
+            if self._held_here():
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                if old is not None:
+                    os.close(old)
+                return self
+            self.fd = old
+            os.close(fd)
+        raise VTGError(f"could not lock {self.path} (it keeps changing)")
+
+    def refresh(self) -> None:
+        """Lock the root again if the held lock file is no longer at the path (the root was moved aside)."""
+        if self.fd is not None and not self._held_here():
+            self.acquire()
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        if self._held_here():
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> CheckpointLock:  # noqa: PYI034
+        return self if self.fd is not None else self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_checkpoint_root(root: str | Path) -> CheckpointLock:
+    """Take the checkpoint folder's lock (`CheckpointLock`); raises `VTGError` naming the holder if it is held."""
+    return CheckpointLock(root).acquire()

@@ -238,3 +238,59 @@ def write_synthetic_shards(root: str | Path, n_train: int = 24, n_val: int = 6, 
         for s in range(shards_per_split):
             write_shard(root / split / (SHARD_PATTERN % s), samples[s * per:(s + 1) * per])
     return root
+
+
+class ShardProblem(BaseModel):
+    """One way a split's shards disagree with the manifest (`verify_shards`)."""
+
+    shard: str
+    """`<split>/shard-NNNNNN.tar`, as the manifest names it."""
+    kind: str
+    """`missing` (listed, not on disk), `unlisted` (on disk, not listed), `size` or `sha256` (content differs)."""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.shard}: {self.kind}" + (f" ({self.detail})" if self.detail else "")
+
+
+def manifest_shards(manifest: dict, split: str) -> dict[str, dict]:
+    """The manifest's entries of one split, by relative path (`<split>/shard-NNNNNN.tar`)."""
+    out = {}
+    for s in manifest.get("shards") or []:
+        if isinstance(s, dict) and s.get("path") and (s.get("split") == split
+                                                     or str(s["path"]).startswith(f"{split}/")):
+            out[Path(str(s["path"])).as_posix()] = s
+    return out
+
+
+def verify_shards(root: str | Path, split: str, manifest: dict | None = None) -> list[ShardProblem]:
+    """Check the shards of `split` under `root` against the manifest preprocess wrote beside them: every listed
+    shard present, none unlisted, each with the listed size (when recorded) and sha256.
+
+    Returns the problems (empty: all good). Without a manifest there is nothing to check against: [] (the caller
+    decides whether that deserves a warning; hand-made shards, e.g. test fixtures, have none)."""
+    from vtg.lineage import file_digest
+
+    root = Path(root)
+    manifest = read_manifest(root) if manifest is None else manifest
+    if not manifest:
+        return []
+    listed = manifest_shards(manifest, split)
+    found = {p.relative_to(root).as_posix(): p for p in sorted((root / split).glob("shard-*.tar"))}
+    problems = [ShardProblem(shard=rel, kind="missing", detail=f"manifest lists {entry.get('samples', '?')} "
+                             "samples in it") for rel, entry in sorted(listed.items()) if rel not in found]
+    problems += [ShardProblem(shard=rel, kind="unlisted", detail="not in the manifest")
+                 for rel in sorted(found) if rel not in listed]
+    for rel, path in found.items():
+        entry = listed.get(rel)
+        if entry is None:
+            continue
+        size = path.stat().st_size
+        want_size = entry.get("size", entry.get("bytes"))
+        if want_size is not None and int(want_size) != size:
+            problems.append(ShardProblem(shard=rel, kind="size", detail=f"{size} bytes, manifest says {want_size}"))
+        elif entry.get("sha256") and file_digest(path) != entry["sha256"]:
+            problems.append(ShardProblem(shard=rel, kind="sha256", detail=(
+                f"{size} bytes whose sha256 differs from the manifest's (which lists {entry.get('samples', '?')} "
+                "samples): truncated or changed after preprocess")))
+    return problems

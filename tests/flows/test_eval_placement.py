@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ class Started:
         if "flows.evaluation" not in argv:  # anything else (git, ...) runs for real
             return REAL_POPEN(argv, *args, env=env, **kwargs)
         self.events.append(("evaluator", list(argv), dict(env or {})))
-        return object()
+        return types.SimpleNamespace(pid=2**30, returncode=0, poll=lambda: 0)  # no such process: nothing to stop
 
     def run_stage(self, name, argv, env=None, **_):
         self.events.append((name, list(argv), dict(env or {})))

@@ -11,6 +11,9 @@ from training.metrics import RUN_PERF_KEYS
 from vtg import lineage
 from vtg.config import config_hash
 
+LOSS_KEY = "train/loss"
+"""Logged at every logging step: its history tells which steps a resumed run already holds."""
+
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
@@ -26,6 +29,8 @@ class MLflowCallback(Callback):
     def __init__(self, cfg):
         self.cfg = cfg
         self.run = None
+        self.logged_through = 0
+        """Steps up to this one are already in the run (a resume replays the steps after its checkpoint)."""
 
     def on_train_start(self, info: dict) -> None:
         import mlflow
@@ -44,6 +49,9 @@ class MLflowCallback(Callback):
             tags[lineage.TAG_PREFECT_FLOW_RUN] = os.environ[lineage.ENV_PREFECT_FLOW_RUN_ID]
         if resume_id:
             self.run = mlflow.start_run(run_id=resume_id)
+            # steps after the checkpoint that the interrupted run already logged are replayed: log them once
+            history = mlflow.MlflowClient().get_metric_history(resume_id, LOSS_KEY)
+            self.logged_through = max((m.step for m in history), default=0)
         else:
             self.run = mlflow.start_run(run_name=f"train-{info['finetune']}", parent_run_id=parent,
                                         nested=parent is not None, tags=tags)
@@ -55,6 +63,8 @@ class MLflowCallback(Callback):
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         import mlflow
 
+        if step <= self.logged_through:
+            return
         mlflow.log_metrics({k.replace("@", "_"): float(v) for k, v in metrics.items()}, step=step)
 
     def on_checkpoint(self, path: Path, step: int) -> None:

@@ -1,0 +1,133 @@
+"""Shards checked against the manifest before step 1 (truncated, removed, unlisted shard: one clear error naming
+it; no manifest: a warning, and training goes on), a read error mid-run reported once per shard per pass with what
+was lost, and one trainer per checkpoint folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import textwrap
+from itertools import islice
+from pathlib import Path
+
+import pytest
+from train_fixtures import train_config
+
+from training.data import StreamSpec, make_loader
+from training.loop import train
+from training.sanity import SanityError
+from vtg.errors import VTGError
+from vtg.lineage import file_digest
+from vtg.model.processing import VisionParams
+from vtg.shards import MANIFEST, SPLITS, verify_shards
+
+
+def with_manifest(src: Path, dst: Path) -> Path:
+    """A copy of the fixture shards with the manifest preprocess would write beside them."""
+    shutil.copytree(src, dst)
+    shards = []
+    for split in SPLITS:
+        for p in sorted((dst / split).glob("shard-*.tar")):
+            import tarfile
+
+            with tarfile.open(p) as t:
+                n = len({m.name.split(".")[0] for m in t.getmembers()})
+            shards.append({"split": split, "path": p.relative_to(dst).as_posix(), "samples": n,
+                           "sha256": file_digest(p)})
+    (dst / MANIFEST).write_text(json.dumps({"shards": shards, "data_version": "v-test"}))
+    return dst
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_verify_shards_names_every_kind_of_problem(shards_dir, tmp_path):
+    root = with_manifest(shards_dir, tmp_path / "shards")
+    assert verify_shards(root, "train") == []
+    truncate(root / "train/shard-000001.tar")
+    (root / "train/shard-000000.tar").unlink()
+    shutil.copy(root / "val/shard-000000.tar", root / "train/shard-000007.tar")
+    got = {(p.shard, p.kind) for p in verify_shards(root, "train")}
+    assert got == {("train/shard-000000.tar", "missing"), ("train/shard-000001.tar", "sha256"),
+                   ("train/shard-000007.tar", "unlisted")}
+    assert verify_shards(root, "val") == []
+    assert verify_shards(shards_dir, "train") == []  # no manifest: nothing to check against
+
+
+def test_truncated_shard_is_a_clear_error_before_step_1(shards_dir, tmp_path):
+    root = with_manifest(shards_dir, tmp_path / "shards")
+    truncate(root / "train/shard-000001.tar")
+    with pytest.raises(SanityError) as e:
+        train(train_config(root, tmp_path / "ck"))
+    msg = str(e.value)
+    assert "\n" not in msg and "train/shard-000001.tar" in msg and "sha256" in msg
+    assert "preprocess" in msg and "dvc checkout" in msg
+    assert not (tmp_path / "ck").exists()  # stopped before the model, nothing written
+
+
+def test_removed_shard_is_a_clear_error(shards_dir, tmp_path):
+    root = with_manifest(shards_dir, tmp_path / "shards")
+    (root / "train/shard-000000.tar").unlink()
+    with pytest.raises(SanityError, match=r"shard train/shard-000000\.tar: missing .*re-run preprocess.*dvc checkout"):
+        train(train_config(root, tmp_path / "ck"))
+
+
+def test_fixture_shards_without_manifest_warn_and_train(shards_dir, tmp_path, caplog):
+    assert not (shards_dir / MANIFEST).exists()
+    with caplog.at_level(logging.WARNING):
+        summary = train(train_config(shards_dir, tmp_path / "ck", "train.max_steps=2", "train.save_every=2"))
+    assert summary["step"] == 2
+    assert any(MANIFEST in r.getMessage() and "cannot be checked" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "ck" / ".lock").exists()  # the folder lock is released when the run ends
+
+
+def test_read_error_mid_run_is_one_report_per_shard_pass_with_what_was_lost(shards_dir, tiny_tokenizer, tmp_path):
+    root = with_manifest(shards_dir, tmp_path / "shards")
+    bad = root / "train/shard-000001.tar"
+    truncate(bad, 0.3)
+    urls = (str(root / "train/shard-000000.tar"), str(bad))
+    spec = StreamSpec(urls=urls, seed=3, micro_batch_size=4, shuffle_buffer=8, resampled=False)
+    batches = list(islice(make_loader(spec, tiny_tokenizer, VisionParams(), 0, 2), 100))
+    errors = [e for b in batches for e in b["data_errors"]]
+    assert len(errors) == 1, errors  # one report for the shard, not one per sample or member
+    reason, where = errors[0]
+    assert where == str(bad) and reason.startswith("unreadable_shard")
+    read = int(reason.split("read ")[1].split(" samples")[0])
+    assert 0 < read < 12
+    assert f"{12 - read} of its 12 samples lost" in reason and "last good key trainvid0" in reason
+    keys = {k.split("#")[0] for b in batches for k in b["keys"]}
+    assert len(keys) == 12 + read  # everything before the error point still trains
+
+    spec = StreamSpec(urls=urls, seed=3, micro_batch_size=4, shuffle_buffer=8, resampled=True)
+    batches = list(islice(make_loader(spec, tiny_tokenizer, VisionParams(), 0, 2), 40))  # several passes
+    errors = [e for b in batches for e in b["data_errors"]]
+    passes = sum(1 for b in batches for k in b["keys"]) / (2 * (12 + read))
+    assert 1 <= len(errors) <= passes + 1  # once per shard per pass
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from vtg.checkpoints import lock_checkpoint_root
+    lock = lock_checkpoint_root(sys.argv[1])
+    print("locked", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_second_trainer_on_a_locked_checkpoint_folder_is_refused(shards_dir, tmp_path):
+    out = tmp_path / "ck"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(VTGError, match=rf"in use by another trainer \(pid {holder.pid} holds"):
+            train(train_config(shards_dir, out))
+        assert not any(out.glob("step-*"))
+    finally:
+        holder.kill()
+        holder.wait()
