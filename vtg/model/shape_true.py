@@ -229,18 +229,11 @@ def shape_true_config(base: str, text_layers: int = 1, vision_blocks: int = 1, v
 
 
 def _build_into(out: Path, facts: dict, marker: dict) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from vtg.model.tiny import save_random_init
 
     config, tokenizer = shape_true_config(facts["hub_id"], marker["text_layers"], marker["vision_blocks"],
                                           marker["vocab"])
-    torch.manual_seed(marker["seed"])
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.text_config.eos_token_id, pad_token_id=config.text_config.pad_token_id,
-        do_sample=False, max_new_tokens=16)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_random_init(config, tokenizer, out, marker["seed"])
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 

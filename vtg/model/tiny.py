@@ -91,12 +91,12 @@ def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None)
     )
 
 
-def _build_into(out_dir: Path, seed: int) -> None:
+def save_random_init(config, tokenizer, out_dir: Path, seed: int) -> None:
+    """A seeded random-init Qwen2.5-VL of `config` with greedy generation defaults, saved with `tokenizer`
+    (the tiny and the shape-true builders both end here)."""
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = build_tokenizer(seed)
-    config = tiny_config(tokenizer)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config = GenerationConfig(
@@ -104,6 +104,11 @@ def _build_into(out_dir: Path, seed: int) -> None:
         do_sample=False, max_new_tokens=16)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _build_into(out_dir: Path, seed: int) -> None:
+    tokenizer = build_tokenizer(seed)
+    save_random_init(tiny_config(tokenizer), tokenizer, out_dir, seed)
     (out_dir / "tiny_build.json").write_text(json.dumps({"seed": seed, "version": TINY_VERSION}) + "\n")
 
 
