@@ -44,6 +44,8 @@ class WindowItem:
     """Scene boundaries inside the window, relative to its start."""
     queries: list[QueryItem]
     source: str
+    video_path: str = ""
+    """The source file (for dead letters; not stored in the sample)."""
 
     @property
     def key(self) -> str:
@@ -58,3 +60,29 @@ class VideoSig:
     shingles: list[int]
     rank: tuple
     """Canonical preference: smaller is better (more usable windows, longer, sharper, then id)."""
+
+
+@dataclass(frozen=True, order=True)
+class StepError:
+    """An exception one element raised in a step after its video was processed (near-duplicate detection, text
+    bias, assembly): carried to assembly as that element's verdict, where its records become `processing_error`
+    dead letters (a failed step never takes the job down, and never silently drops a record)."""
+
+    stage: str
+    error_type: str
+    message: str
+
+    @classmethod
+    def of(cls, stage: str, e: BaseException) -> StepError:
+        return cls(stage, type(e).__name__, str(e))
+
+    @property
+    def error(self) -> str:
+        return f"{self.error_type}: {self.message}"
+
+
+def pick(values, default=None):
+    """The one verdict of an element from a join: a StepError if any step failed for it, else the value."""
+    values = list(values)
+    errors = sorted(v for v in values if isinstance(v, StepError))
+    return errors[0] if errors else (values[0] if values else default)

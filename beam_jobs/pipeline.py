@@ -13,11 +13,13 @@ import json
 import apache_beam as beam
 
 from beam_jobs import summary
+from beam_jobs.items import pick
 from beam_jobs.sink import AssembleFn, WriteShards, write_text
 from beam_jobs.text_bias import plot_location_bias
 from beam_jobs.transforms import (
     DEAD,
     DIGEST,
+    ERROR,
     OUTCOME,
     SIG,
     WINDOW_EVENT,
@@ -25,6 +27,8 @@ from beam_jobs.transforms import (
     ProcessVideoFn,
     ReadRecords,
     TextBias,
+    annotation_id_of,
+    guarded,
     query_dedup_items,
     video_dedup_items,
 )
@@ -36,11 +40,10 @@ DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("dead_letter.jsonl", "filtered.jsonl
 
 
 def _verdicts(item):
+    """Per annotation: (video, (annotation, duplicate of, blind IoU)); either verdict may be a StepError."""
     aid, j = item
     for video_id in j["video"]:
-        dup = next(iter(j["dup"]), None)
-        iou = next(iter(j["bias"]), 0.0)
-        yield video_id, (aid, dup, iou)
+        yield video_id, (aid, pick(j["dup"]), pick(j["bias"], 0.0))
 
 
 def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: str | None = None) -> None:
@@ -53,12 +56,17 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
               | "ProcessVideo" >> beam.ParDo(ProcessVideoFn(cfg, progress_dir)).with_outputs(
                   DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, main="windows"))
     d = cfg.dedup
-    clusters = (videos[SIG]
-                | "VideoDedupItems" >> beam.Map(video_dedup_items)
-                | "VideoDedup" >> NearDuplicates(d, d.video_jaccard))
-    query_dups = (records
-                  | "QueryDedupItems" >> beam.Map(query_dedup_items, d.query_ngram)
-                  | "QueryDedup" >> NearDuplicates(d, d.query_jaccard, span_iou=0.5))
+    video_items = videos[SIG] | "VideoDedupItems" >> beam.FlatMap(
+        guarded("video_dedup", lambda sig: [video_dedup_items(sig)], lambda sig: sig.video_id)).with_outputs(
+        ERROR, main="items")
+    clusters = ((video_items.items | "VideoDedup" >> NearDuplicates(d, d.video_jaccard, stage="video_dedup"),
+                 video_items[ERROR]) | "VideoDedupErrors" >> beam.Flatten())
+    query_items = records | "QueryDedupItems" >> beam.FlatMap(
+        guarded("query_dedup", lambda r, n: [query_dedup_items(r, n)], annotation_id_of),
+        d.query_ngram).with_outputs(ERROR, main="items")
+    query_dups = ((query_items.items | "QueryDedup" >> NearDuplicates(d, d.query_jaccard, span_iou=0.5,
+                                                                       stage="query_dedup"),
+                   query_items[ERROR]) | "QueryDedupErrors" >> beam.Flatten())
     bias = records | "TextBias" >> TextBias(cfg.text_bias)
     verdicts = ({"video": records | "AnnotationVideo" >> beam.Map(lambda r: (r.annotation_id, r.video_id)),
                  "dup": query_dups, "bias": bias}
@@ -67,7 +75,7 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
     assembled = ({"windows": videos.windows, "cluster": clusters, "verdicts": verdicts}
                  | "JoinPerVideo" >> beam.CoGroupByKey()
                  | "Assemble" >> beam.ParDo(AssembleFn(cfg, lineage["preprocess_version"])).with_outputs(
-                     OUTCOME, main="samples"))
+                     OUTCOME, DEAD, main="samples"))
     shards = assembled.samples | "WriteShards" >> WriteShards(cfg.out_dir, cfg.samples_per_shard)
 
     bins = cfg.text_bias.histogram_bins
@@ -77,7 +85,7 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
               | "OutcomeFacts" >> beam.FlatMap(summary.outcome_facts, bins),
               videos[WINDOW_EVENT] | "WindowDropFacts" >> beam.Map(lambda r: (summary.WINDOW_DROPS, r)),
               shards | "ShardFacts" >> beam.Map(lambda s: (summary.SHARDS, s)),
-              (rec[DEAD], videos[DEAD]) | "AllDead" >> beam.Flatten()
+              (rec[DEAD], videos[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
               | "DeadFacts" >> beam.Map(lambda d: (summary.DEAD, d)),
               videos[DIGEST] | "DigestFacts" >> beam.Map(lambda d: (summary.DIGESTS, d)))
              | "AllFacts" >> beam.Flatten())

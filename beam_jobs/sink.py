@@ -5,6 +5,7 @@ small outputs (manifest.json, dead_letter.jsonl, location_bias.png). Paths go th
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import re
 import shutil
@@ -15,13 +16,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
-from beam_jobs.items import FILTERED, KEPT, Outcome, WindowItem
+from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, QueryItem, StepError, WindowItem, pick
 from beam_jobs.partition import split_of
 from vtg.lineage import file_digest
 from vtg.shards import SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
 
+log = logging.getLogger(__name__)
 NS = "preprocess"
-OUTCOME = "outcome"
+OUTCOME, DEAD = "outcome", "dead"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -40,19 +42,46 @@ def query_verdict(annotation_id: str, dup_of: str | None, bias_iou: float, bias_
     return None
 
 
+def failed(err: StepError, q: QueryItem, w: WindowItem):
+    """A `processing_error` dead letter and failed outcome for one query (as `ProcessVideoFn` writes them)."""
+    yield TaggedOutput(DEAD, {"stage": err.stage, "error": err.error, "reason": "processing_error",
+                              "error_type": err.error_type, "annotation_id": q.annotation_id,
+                              "video_id": w.video_id, "video_path": w.video_path})
+    yield TaggedOutput(OUTCOME, Outcome(q.annotation_id, w.video_id, FAILED, "processing_error", q.span))
+
+
 class AssembleFn(beam.DoFn):
-    """(video_id, {windows, cluster, verdicts}) -> (split, SampleMeta, jpegs) samples + record outcomes."""
+    """(video_id, {windows, cluster, verdicts}) -> (split, SampleMeta, jpegs) samples + record outcomes. Never a
+    crash: a StepError verdict (near-duplicate detection or text bias raised for the video or a query) or an
+    exception here dead-letters the queries concerned (`processing_error`); a video's outputs are emitted only
+    once all of them were built."""
 
     def __init__(self, cfg, version: str) -> None:
         self.cfg, self.version = cfg, version
         self.kept = Metrics.counter(NS, "samples_kept")
+        self.errors = Metrics.counter(NS, "assemble_processing_error")
 
     def process(self, item):
         video_id, joined = item
-        canon = next(iter(joined["cluster"]), video_id)
+        windows = sorted(joined["windows"], key=lambda w: w.index)
+        try:
+            out = list(self._assemble(video_id, windows, joined))
+        except Exception as e:  # noqa: BLE001 - one bad video must never take the job down
+            err = StepError.of("assemble", e)
+            log.warning("video %s failed in assemble: %s", video_id, err.error)
+            self.errors.inc()
+            out = [o for w in windows for q in w.queries for o in failed(err, q, w)]
+        self.kept.inc(sum(not isinstance(o, TaggedOutput) for o in out))
+        yield from out
+
+    def _assemble(self, video_id: str, windows: list[WindowItem], joined):
+        canon = pick(joined["cluster"], video_id)
+        if isinstance(canon, StepError):  # near-duplicate detection raised for this video
+            yield from (o for w in windows for q in w.queries for o in failed(canon, q, w))
+            return
         verdicts = {aid: (dup, iou) for aid, dup, iou in joined["verdicts"]}
         split = split_of(canon, self.cfg.split_fractions)
-        for w in sorted(joined["windows"], key=lambda w: w.index):
+        for w in windows:
             if canon != video_id:
                 for q in w.queries:
                     yield TaggedOutput(OUTCOME, Outcome(q.annotation_id, video_id, FILTERED,
@@ -61,6 +90,10 @@ class AssembleFn(beam.DoFn):
             kept = []
             for q in w.queries:
                 dup, iou = verdicts.get(q.annotation_id, (None, 0.0))
+                err = next((v for v in (dup, iou) if isinstance(v, StepError)), None)
+                if err is not None:  # query dedup or text bias raised for this query
+                    yield from failed(err, q, w)
+                    continue
                 reason = query_verdict(q.annotation_id, dup, iou, self.cfg.text_bias.iou_threshold,
                                        self.cfg.text_bias.enabled)
                 status = (FILTERED, reason) if reason else (KEPT, split)
@@ -70,7 +103,6 @@ class AssembleFn(beam.DoFn):
                     kept.append(QueryMeta(text=q.text, windows=q.windows, annotation_id=q.annotation_id,
                                           text_bias_iou=iou))
             if kept:
-                self.kept.inc()
                 yield split, (self._meta(w, kept, canon, split), w.jpegs)
 
     def _meta(self, w: WindowItem, queries: list[QueryMeta], cluster: str, split: str) -> SampleMeta:

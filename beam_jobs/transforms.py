@@ -16,7 +16,7 @@ from apache_beam.pvalue import TaggedOutput
 from pydantic import ValidationError
 
 from beam_jobs import dedup
-from beam_jobs.items import FAILED, FILTERED, Outcome, VideoSig
+from beam_jobs.items import FAILED, FILTERED, Outcome, StepError, VideoSig
 from beam_jobs.probe import DecodeError, file_sha256, local_copy
 from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
 from beam_jobs.video import build_windows, decode, too_short, video_signature
@@ -25,16 +25,41 @@ from vtg.records import CanonicalRecord
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
-DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT = "dead", "outcome", "sig", "digest", "window_event"
+DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, ERROR = "dead", "outcome", "sig", "digest", "window_event", "error"
 
 
-def dead_letter(stage: str, error: str, record: CanonicalRecord | None = None, line: str | None = None) -> dict:
+def dead_letter(stage: str, error: str, record: CanonicalRecord | None = None, line: str | None = None,
+                reason: str | None = None) -> dict:
     d = {"stage": stage, "error": error}
+    if reason is not None:
+        d["reason"] = reason
     if record is not None:
         d.update(annotation_id=record.annotation_id, video_id=record.video_id, video_path=record.video_path)
     if line is not None:
         d["line"] = line[:500]
     return d
+
+
+def guarded(stage: str, fn, key):
+    """`fn` (element, *args) -> iterable of outputs, for one element; if it raises, none of its outputs but one
+    `(key(element), StepError)` on the ERROR output instead, which reaches assembly as that element's verdict
+    (its records: `processing_error` dead letters). So one bad element never takes the job down."""
+
+    def run(element, *args, **kwargs):
+        try:
+            out = list(fn(element, *args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - one bad element must never take the job down
+            err = StepError.of(stage, e)
+            log.warning("%s failed for %r: %s", stage, key(element), err.error)
+            yield TaggedOutput(ERROR, (key(element), err))
+            return
+        yield from out
+
+    return run
+
+
+def annotation_id_of(r: CanonicalRecord) -> str:
+    return r.annotation_id
 
 
 # ---------------------------------------------------------------- records
@@ -49,11 +74,15 @@ class ParseRecordFn(beam.DoFn):
     def process(self, line: str):
         try:
             yield CanonicalRecord.model_validate(json.loads(line))
-        except (ValueError, ValidationError) as e:
+        except Exception as e:  # noqa: BLE001 - any bad line is a dead letter (e.g. RecursionError: deep nesting)
             self.bad.inc()
-            msg = str(e).splitlines()[0] if not isinstance(e, ValidationError) else \
-                "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-            yield TaggedOutput(DEAD, dead_letter("parse", f"invalid record: {msg}", line=line))
+            if isinstance(e, ValidationError):
+                msg = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            else:
+                first = (str(e).splitlines() or [""])[0]
+                msg = first if isinstance(e, ValueError) else f"{type(e).__name__}: {first}"
+            yield TaggedOutput(DEAD, dead_letter("parse", f"invalid record: {msg}", line=line,
+                                                 reason="invalid_record"))
             aid = hashlib.sha256(line.encode()).hexdigest()[:16]
             yield TaggedOutput(OUTCOME, Outcome(f"line:{aid}", "", FAILED, "invalid_record"))
 
@@ -63,7 +92,8 @@ def _first_of_duplicates(item):
     recs = sorted(recs, key=lambda r: r.model_dump_json())
     yield recs[0]
     for r in recs[1:]:
-        yield TaggedOutput(DEAD, dead_letter("parse", f"duplicate annotation_id {aid!r}", record=r))
+        yield TaggedOutput(DEAD, dead_letter("parse", f"duplicate annotation_id {aid!r}", record=r,
+                                             reason="duplicate_annotation_id"))
         yield TaggedOutput(OUTCOME, Outcome(f"{aid}#dup", r.video_id, FAILED, "duplicate_annotation_id",
                                             normalized_span(r.windows, r.duration_s)))
 
@@ -213,12 +243,16 @@ class _VerifyPairs(beam.DoFn):
     """(b, {item: [b's payload], half: [(a, a's payload) per candidate pair]}) -> verified edges
     (a, rank a, b, rank b)."""
 
-    def __init__(self, threshold: float, span_iou: float | None) -> None:
+    def __init__(self, threshold: float, span_iou: float | None, stage: str = "dedup") -> None:
         self.threshold = threshold
         self.span_iou = span_iou
+        self.stage = stage
         self.pairs = Metrics.counter(NS, "dedup_candidate_pairs")
 
     def process(self, kv):
+        yield from guarded(self.stage, self._verify, key=lambda kv: kv[0])(kv)
+
+    def _verify(self, kv):
         b, joined = kv
         halves = sorted(joined["half"])
         if not halves:  # b was no pair's second member
@@ -248,33 +282,41 @@ def _resolve(edges):
 
 
 class NearDuplicates(beam.PTransform):
-    """(id, shingles, rank, scope[, span]) items -> (id, canonical id) for members of duplicate clusters.
+    """(id, shingles, rank, scope[, span]) items -> (id, canonical id) for members of duplicate clusters, and
+    (id, StepError) for an item whose hashing or verification raised.
 
     Band keys are scoped (videos: one global scope; queries: their video) and grouped with a GroupByKey into
     candidate pairs of ids; each pair meets its two members' shingles in two more GroupByKeys (by its first,
     then its second member) and is verified by exact Jaccard; only the verified edges (duplicates, not the
     data set) are gathered to resolve clusters."""
 
-    def __init__(self, cfg: DedupConfig, threshold: float, span_iou: float | None = None) -> None:
+    def __init__(self, cfg: DedupConfig, threshold: float, span_iou: float | None = None,
+                 stage: str = "dedup") -> None:
         super().__init__()
-        self.cfg, self.threshold, self.span_iou = cfg, threshold, span_iou
+        self.cfg, self.threshold, self.span_iou, self.stage = cfg, threshold, span_iou, stage
 
     def expand(self, items):
-        c = self.cfg
-        payloads = items | "Payload" >> beam.Map(_payload)
-        pairs = (items
-                 | "BandKeys" >> beam.FlatMap(_band_keys, c.num_perm, c.seed, c.bands)
+        c, key = self.cfg, (lambda item: item[0])
+        payloads = items | "Payload" >> beam.FlatMap(
+            guarded(self.stage, lambda item: [_payload(item)], key)).with_outputs(ERROR, main="ok")
+        bands = items | "BandKeys" >> beam.FlatMap(
+            guarded(self.stage, _band_keys, key), c.num_perm, c.seed, c.bands).with_outputs(ERROR, main="ok")
+        pairs = (bands.ok
                  | "GroupBands" >> beam.GroupByKey()
                  | "CandidatePairs" >> beam.FlatMap(lambda kv: dedup.candidate_pairs(kv[1])))  # (first, second)
-        halves = ({"item": payloads, "pair": pairs}
+        halves = ({"item": payloads.ok, "pair": pairs}
                   | "ByFirst" >> beam.CoGroupByKey()
                   | "FirstHalves" >> beam.FlatMap(_first_halves))
-        return ({"item": payloads, "half": halves}
-                | "BySecond" >> beam.CoGroupByKey()
-                | "Verify" >> beam.ParDo(_VerifyPairs(self.threshold, self.span_iou))
-                | "OneKey" >> beam.Map(lambda edge: (None, edge))
-                | "GatherEdges" >> beam.GroupByKey()
-                | "Resolve" >> beam.FlatMap(lambda kv: _resolve(kv[1])))
+        verified = ({"item": payloads.ok, "half": halves}
+                    | "BySecond" >> beam.CoGroupByKey()
+                    | "Verify" >> beam.ParDo(_VerifyPairs(self.threshold, self.span_iou, self.stage)).with_outputs(
+                        ERROR, main="edges"))
+        clusters = (verified.edges
+                    | "OneKey" >> beam.Map(lambda edge: (None, edge))
+                    | "GatherEdges" >> beam.GroupByKey()
+                    | "Resolve" >> beam.FlatMap(lambda kv: _resolve(kv[1])))
+        # an item that failed here: (id, StepError) beside the (member, canonical) pairs
+        return (clusters, payloads[ERROR], bands[ERROR], verified[ERROR]) | "WithErrors" >> beam.Flatten()
 
 
 def video_dedup_items(sig: VideoSig):
@@ -290,7 +332,8 @@ def query_dedup_items(r: CanonicalRecord, ngram: int):
 
 
 class TextBias(beam.PTransform):
-    """records -> (annotation_id, blind IoU), cross-fitted by source-video folds."""
+    """records -> (annotation_id, blind IoU), cross-fitted by source-video folds; (annotation_id, StepError) for
+    a record whose statistics or score raised (it then adds nothing to the statistics)."""
 
     def __init__(self, cfg: TextBiasConfig) -> None:
         super().__init__()
@@ -298,15 +341,22 @@ class TextBias(beam.PTransform):
 
     def expand(self, records):
         folds = self.cfg.folds
-        stats = (records
-                 | "TokenStats" >> beam.FlatMap(
-                     lambda r: [((tok, param, fold_of(r.video_id, folds)), st) for (tok, param), st in
-                                token_stats(r.query, r.windows, r.duration_s)])
+        tokens = records | "TokenStats" >> beam.FlatMap(
+            guarded("text_bias", _token_stats, annotation_id_of), folds).with_outputs(ERROR, main="stats")
+        stats = (tokens.stats
                  | "SumPerTokenFold" >> beam.CombinePerKey(add_stats)
                  | "ByToken" >> beam.Map(lambda kv: (kv[0][0], ((kv[0][1], kv[0][2]), kv[1])))
                  | "GroupByToken" >> beam.GroupByKey()
                  | "TokenTable" >> beam.Map(lambda kv: (kv[0], dict(kv[1]))))
-        return records | "BlindIoU" >> beam.Map(_score, beam.pvalue.AsDict(stats), self.cfg)
+        scores = records | "BlindIoU" >> beam.FlatMap(
+            guarded("text_bias", lambda r, st, cfg: [_score(r, st, cfg)], annotation_id_of),
+            beam.pvalue.AsDict(stats), self.cfg).with_outputs(ERROR, main="scores")
+        return (scores.scores, scores[ERROR], tokens[ERROR]) | "WithErrors" >> beam.Flatten()
+
+
+def _token_stats(r: CanonicalRecord, folds: int):
+    fold = fold_of(r.video_id, folds)
+    return [((tok, param, fold), st) for (tok, param), st in token_stats(r.query, r.windows, r.duration_s)]
 
 
 def _score(r: CanonicalRecord, stats: dict, cfg: TextBiasConfig) -> tuple[str, float]:

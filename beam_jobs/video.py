@@ -97,7 +97,8 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
         windows.append(WindowItem(
             video_id=video_id, index=k, start_s=ws, end_s=we, timestamps=stamps,
             fps=round(len(pick) / (we - ws), 6), jpegs=jpegs, quality=scores,
-            scene_cuts=[round(b - ws, 6) for b in bounds if ws < b < we], queries=queries[k], source=source))
+            scene_cuts=[round(b - ws, 6) for b in bounds if ws < b < we], queries=queries[k], source=source,
+            video_path=records[0].video_path if records else ""))
     return windows, dropped, window_drops
 
 

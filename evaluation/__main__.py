@@ -1,7 +1,8 @@
 """`python -m evaluation [--checkpoint <dir> --split val|test] [KEY=VALUE ...]`: the evaluate stage, or one checkpoint.
 
-Without `--checkpoint` it runs the evaluate stage (`evaluation.stage`: every checkpoint on val, the best by
-`evaluate.select_metric`, then the best on test), which is what `dvc repro` and the flow run.
+Without `--checkpoint` it runs the evaluate stage (`evaluation.stage`: every SFT and RL checkpoint on val, the
+best by `evaluate.select_metric`, then the best on test, with RL also the SFT-vs-RL comparison on test), which is
+what `dvc repro` and the flow run.
 
 Runs in its own process (another node than training is fine: it needs only the checkpoint directory and the
 shards). Prints the model's metrics next to the blind baselines and the paths of the outputs.
@@ -38,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         "mIoU and R@1 at IoU thresholds, blind baselines (moment prior, blank frames), an HTML report, an "
         "MLflow run linked to the training run, and the best-checkpoint pointer and registry alias.")
     parser.add_argument("--checkpoint",
-                        help="checkpoint step dir, a pointer file (`checkpoints/latest`, `reports/eval/best.json`) "
+                        help="checkpoint step dir, a pointer file (`checkpoints/sft/latest`, `reports/eval/best.json`) "
                              "or a checkpoint root (-> latest). Without it: the whole evaluate stage (every "
-                             "checkpoint under train.out_dir on val, the best on test)")
+                             "checkpoint under train.out_dir and rl.out_dir on val, the best on test)")
     parser.add_argument("--split", choices=["val", "test"], default=None,
                         help="split to evaluate (default: evaluate.split)")
     parser.add_argument("--all", action="store_true",
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
         out = run_stage(cfg)
         print(out["summary_markdown"])
-        print(f"best checkpoint: {out['best_checkpoint']} (registry version {out.get('registered_version') or '-'})")
+        print(f"best checkpoint: {out['best_checkpoint_name']} = {out['best_checkpoint']} "
+              f"(registry version {out.get('registered_version') or '-'})")
         return 0
     from evaluation.api import evaluate_checkpoint
 

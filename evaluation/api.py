@@ -17,11 +17,19 @@ from pathlib import Path
 from evaluation import store, tracking
 from evaluation.core import evaluate_export
 from evaluation.metrics import metric_name
-from evaluation.registry import SELECTION_SPLIT, select_best
+from evaluation.registry import (
+    DEFAULT_STAGE,
+    SELECTION_SPLIT,
+    checkpoint_label,
+    checkpoint_stage,
+    order_key,
+    select_best,
+)
 from evaluation.report import PLOTS, plot_step_curve, write_report
 from vtg import checkpoints
 from vtg.config import PipelineConfig, load_config
 from vtg.config._base import output_view, view_hash
+from vtg.errors import VTGError
 from vtg.lineage import file_digest, tree_digest
 from vtg.shards import list_shards
 
@@ -55,7 +63,8 @@ class EvaluationResult:
     def to_dict(self) -> dict:
         """A JSON-able digest for callers (the orchestrator's report, a Prefect task result)."""
         r, s = self.result, self.result["summary"]
-        return {"checkpoint": r["checkpoint"], "step": r["step"], "split": r["split"],
+        return {"checkpoint": r["checkpoint"], "checkpoint_name": checkpoint_label(r), "stage": checkpoint_stage(r),
+                "step": r["step"], "split": r["split"],
                 "model": s["model"], "baselines": {name: {m: v for m, v in b.items() if m != "fit"}
                               for name, b in s["baselines"].items()},
                 "visual_gain": s["visual_gain"], "select_metric": r["select_metric"],
@@ -87,11 +96,36 @@ def _checkpoint_digest(ckpt: Path) -> str:
                           .encode()).hexdigest()
 
 
+def _lineage(ckpt: Path, meta: dict, depth: int = 0) -> str:
+    """The training run a checkpoint's evaluations are grouped (step curve) and selected in: its run id, else
+    its checkpoint root. An RL checkpoint belongs to the run of the checkpoint it started from (meta.json's
+    `parent_checkpoint`), so that SFT and RL checkpoints compete for one `best`."""
+    parent = meta.get("parent_checkpoint") if checkpoint_stage(meta) != DEFAULT_STAGE else None
+    if not parent or depth > 8:
+        return meta.get("mlflow_run_id") or str(ckpt.parent)
+    try:
+        parent_meta = checkpoints.read_checkpoint_meta(parent)
+    except VTGError as e:
+        log.warning("%s: its parent checkpoint is not readable (%s); grouping it under the parent's root", ckpt, e)
+        return meta.get("parent_mlflow_run_id") or str(Path(parent).resolve().parent)
+    return _lineage(checkpoints.resolve_checkpoint(parent), parent_meta, depth + 1)
+
+
+def checkpoint_identity(ckpt: Path, meta: dict) -> dict:
+    """Which training stage wrote the checkpoint and its name that says so (`rl/step-000100`); for RL, the
+    checkpoint it started from."""
+    stage = checkpoint_stage(meta)
+    out = {"stage": stage, "checkpoint_name": checkpoint_label({"stage": stage, "checkpoint": str(ckpt)})}
+    if meta.get("parent_checkpoint"):
+        out.update(parent_checkpoint=str(meta["parent_checkpoint"]), parent_step=meta.get("parent_step"))
+    return out
+
+
 def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
     return {
-        "key": key, "checkpoint": str(ckpt), "checkpoint_name": ckpt.name, "checkpoint_digest": digests[0],
+        "key": key, "checkpoint": str(ckpt), **checkpoint_identity(ckpt, meta), "checkpoint_digest": digests[0],
         "step": int(meta["step"]), "split": split, "train_run_id": meta.get("mlflow_run_id") or None,
-        "lineage": meta.get("mlflow_run_id") or str(ckpt.parent), "data_version": meta.get("data_version"),
+        "lineage": _lineage(ckpt, meta), "data_version": meta.get("data_version"),
         "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
         "select_metric": cfg.evaluate.select_metric,
     }
@@ -102,13 +136,13 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
     summary, predictions = evaluate_export(checkpoints.export_dir(ckpt), ev, split)  # raises before anything is logged
     result = {**_new_result(ckpt, meta, split, cfg, key, digests), "summary": summary,
               "select_value": summary["model"][ev.select_metric]}
-    entry = store.entry_dir(ev.store_dir, split, ckpt.name, key)
+    entry = store.entry_dir(ev.store_dir, split, result["checkpoint_name"], key)
     run_id = tracking.start_eval_run(cfg.tracking, result) if cfg.tracking.enabled else None
     try:
         result["mlflow_run_id"] = run_id
         store.save_predictions(entry, predictions)
         past = store.history(ev.store_dir, split, result["lineage"], result["settings_hash"])
-        runs = [r for r in past if r["step"] != result["step"]] + [result]
+        runs = [r for r in past if order_key(r) != order_key(result)] + [result]
         write_report(entry, result, predictions, store.step_rows(runs, _metric_names(cfg), ev.select_metric),
                      ev.iou_thresholds, ev.report_samples)
         store.write_json_atomic(entry / store.RESULT_FILE, result)  # last: marks the entry complete
@@ -127,11 +161,28 @@ def public_metrics(result: dict) -> dict:
     """metrics.json of the stage outputs: what was measured, on what, and nothing run-specific (no run ids, no
     absolute paths), so both front doors write the same file for the same checkpoint and data."""
     s = result["summary"]
-    return {"checkpoint": result["checkpoint_name"], "step": result["step"], "split": result["split"],
+    return {"checkpoint": checkpoint_label(result), "stage": checkpoint_stage(result), "step": result["step"],
+            "split": result["split"],
             "data_version": result.get("data_version"), "settings_hash": result["settings_hash"],
             "select_metric": result["select_metric"], "model": s["model"], "counts": s["counts"],
             "baselines": {name: {m: v for m, v in b.items() if m != "fit"} for name, b in s["baselines"].items()},
             "visual_gain": s["visual_gain"]}
+
+
+def curve_runs(cfg: PipelineConfig, result: dict) -> list[dict]:
+    """The stored results on `result`'s split of its lineage (its training run and the RL runs started from it)
+    and settings, SFT then RL; only SFT when RL is off (`orchestration.rl` false: stale RL results aside)."""
+    runs = store.history(cfg.evaluate.store_dir, result["split"], result["lineage"], result["settings_hash"])
+    return runs if cfg.orchestration.rl else [r for r in runs if checkpoint_stage(r) == DEFAULT_STAGE]
+
+
+def write_curve(cfg: PipelineConfig, runs: list[dict], baselines: dict) -> list[dict]:
+    """steps.csv and step_curve.png of the stage outputs from `runs`; returns the rows. Call under the lock."""
+    ev, metrics = cfg.evaluate, _metric_names(cfg)
+    rows = store.step_rows(runs, metrics, ev.select_metric)
+    store.write_steps_csv(Path(ev.out_dir) / STEPS_FILE, rows)
+    plot_step_curve(rows, metrics, baselines, ev.select_metric, Path(ev.out_dir) / "step_curve.png")
+    return rows
 
 
 def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
@@ -144,17 +195,18 @@ def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
         store.write_json_atomic(out / store.RESULT_FILE, public_metrics(result))
         if result["split"] != SELECTION_SPLIT:
             return {}
-        metrics = _metric_names(cfg)
-        runs = store.history(ev.store_dir, result["split"], result["lineage"], result["settings_hash"])
-        rows = store.step_rows(runs, metrics, ev.select_metric)
-        store.write_steps_csv(out / STEPS_FILE, rows)
-        plot_step_curve(rows, metrics, result["summary"]["baselines"], ev.select_metric, out / "step_curve.png")
+        runs = curve_runs(cfg, result)
+        write_curve(cfg, runs, result["summary"]["baselines"])
         return select_best(cfg.tracking, ev, runs)
 
 
 def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
-                        cfg: PipelineConfig | None = None) -> EvaluationResult:
-    """Evaluate one checkpoint (a step dir, a `latest`/`best` pointer, or a checkpoint root) on `split`."""
+                        cfg: PipelineConfig | None = None, refresh: bool = True) -> EvaluationResult:
+    """Evaluate one checkpoint (a step dir, a `latest`/`best` pointer, or a checkpoint root) on `split`.
+
+    `refresh=False` only computes (or reuses) the stored result: the evaluate stage's outputs (curve, report,
+    best pointer, registry alias) are left alone, for callers that are not the evaluate stage (RL picking its
+    start checkpoint)."""
     cfg = cfg or load_config()
     split = split or cfg.evaluate.split
     meta = checkpoints.read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
@@ -166,8 +218,9 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
         if found is not None:
             log.info("reusing stored evaluation of %s on %s: %s", ckpt.name, split, found)
             result, entry, reused = store.load_result(found), found, True
+            result = {**result, **checkpoint_identity(ckpt, meta)}  # results stored before stages had names
         else:
             result = _evaluate_new(ckpt, meta, split, cfg, key, digests)
-            entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, ckpt.name, key), False
-    selection = _refresh_outputs(cfg, result, entry)
+            entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, result["checkpoint_name"], key), False
+    selection = _refresh_outputs(cfg, result, entry) if refresh else None
     return EvaluationResult(result, entry, Path(cfg.evaluate.out_dir), reused, selection)

@@ -11,12 +11,12 @@ import torch
 from tqdm import tqdm
 
 from evaluation.baselines import fit_prior, prior_prediction
-from evaluation.data import EvalExample, ReadStats, iter_examples, iter_spans
 from evaluation.metrics import metric_name
 from evaluation.predict import predict_batch
 from evaluation.scoring import aggregate, breakdowns, score_answers, score_spans, visual_gain
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
+from vtg.queries import QueryExample, ReadStats, iter_examples, iter_spans
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _batched(examples: Iterator[EvalExample], size: int) -> Iterator[list[EvalExample]]:
-    batch: list[EvalExample] = []
+def _batched(examples: Iterator[QueryExample], size: int) -> Iterator[list[QueryExample]]:
+    batch: list[QueryExample] = []
     for ex in examples:
         batch.append(ex)
         if len(batch) == size:
@@ -69,7 +69,7 @@ def _load(hf_dir: str | Path, device: str):
                        "is the checkpoint half-written or corrupt?") from None
 
 
-def _stream(model, tokenizer, examples: Iterator[EvalExample], cfg: EvaluateConfig, device: str) -> dict:
+def _stream(model, tokenizer, examples: Iterator[QueryExample], cfg: EvaluateConfig, device: str) -> dict:
     """One pass over the split, batch by batch (frames are dropped after each batch): answers and losses of the
     model and, when configured, of the model on blank frames, plus the light per-query metadata."""
     blank = "blank" in cfg.baselines

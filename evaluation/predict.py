@@ -1,4 +1,4 @@
-"""Batched greedy generation and teacher-forced eval loss on evaluation examples.
+"""Batched greedy generation (`vtg.model.generation`) and teacher-forced eval loss on evaluation examples.
 
 Model inputs are built with training's own `encode_example`/`collate` (same prompt, same patchify, same
 timing), so evaluation sees exactly what training trained on. `blank=True` replaces every frame with black
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from evaluation.data import EvalExample
-from vtg.model.processing import VisionParams, answer_text, collate, encode_example, model_inputs
+from vtg.model.generation import frames_of, greedy_answers, pad_id, vision_params
+from vtg.model.processing import answer_text, collate, encode_example, model_inputs
+from vtg.queries import QueryExample
 
 
 @dataclass
@@ -25,26 +25,13 @@ class BatchOutput:
     loss_tokens: int
 
 
-def _frames(ex: EvalExample, blank: bool) -> np.ndarray:
-    return np.zeros_like(ex.frames) if blank else ex.frames
-
-
-def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-
-def _vision_params(model) -> VisionParams:
-    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
-    return VisionParams.from_model_config(config)
-
-
 @torch.inference_mode()
-def eval_loss(model, tokenizer, examples: list[EvalExample], device, blank: bool = False) -> tuple[float, int]:
+def eval_loss(model, tokenizer, examples: list[QueryExample], device, blank: bool = False) -> tuple[float, int]:
     """(sum of answer-token losses, number of answer tokens) for one batch."""
-    vp = _vision_params(model)
-    encoded = [encode_example(tokenizer, _frames(ex, blank), ex.timestamps, ex.query, answer_text(ex.windows),
+    vp = vision_params(model)
+    encoded = [encode_example(tokenizer, frames_of(ex, blank), ex.timestamps, ex.query, answer_text(ex.windows),
                               vision=vp, key=ex.key) for ex in examples]
-    batch = model_inputs(collate(encoded, _pad_id(tokenizer), padding_side="right"), device, model.dtype)
+    batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="right"), device, model.dtype)
     labels = batch.pop("labels")
     logits = model(**batch).logits.float()
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
@@ -53,23 +40,9 @@ def eval_loss(model, tokenizer, examples: list[EvalExample], device, blank: bool
     return float(loss), int(mask.sum())
 
 
-@torch.inference_mode()
-def generate(model, tokenizer, examples: list[EvalExample], device, max_new_tokens: int,
-             blank: bool = False) -> list[str]:
-    """Greedy answers for one batch (left padding, so every prompt ends where generation starts)."""
-    vp = _vision_params(model)
-    encoded = [encode_example(tokenizer, _frames(ex, blank), ex.timestamps, ex.query, None, vision=vp,
-                              key=ex.key) for ex in examples]
-    batch = model_inputs(collate(encoded, _pad_id(tokenizer), padding_side="left"), device, model.dtype)
-    batch.pop("labels", None)
-    prompt_len = batch["input_ids"].shape[1]
-    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=_pad_id(tokenizer))
-    return tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
-
-
-def predict_batch(model, tokenizer, batch: list[EvalExample], device, max_new_tokens: int,
+def predict_batch(model, tokenizer, batch: list[QueryExample], device, max_new_tokens: int,
                   blank: bool = False) -> BatchOutput:
     """Greedy answers and the teacher-forced answer loss of one batch."""
-    answers = generate(model, tokenizer, batch, device, max_new_tokens, blank=blank)
+    answers = greedy_answers(model, tokenizer, batch, device, max_new_tokens, blank=blank)
     loss_sum, n = eval_loss(model, tokenizer, batch, device, blank=blank)
     return BatchOutput(answers, loss_sum, n)

@@ -1,8 +1,11 @@
-"""Static HTML report with PNG plots (matplotlib Agg): IoU histogram, timelines, step curve, baselines."""
+"""Static HTML report with PNG plots (matplotlib Agg): IoU histogram, timelines, step curve, baselines; with RL,
+the reward/KL/entropy curves of the RL run and the SFT-vs-RL comparison on test by query type."""
 
 from __future__ import annotations
 
+import csv
 import html
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +14,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from evaluation.registry import DEFAULT_STAGE
+
 PLOTS = ("iou_hist.png", "timelines.png", "step_curve.png", "baselines.png")
+RL_PLOT = "rl_curves.png"
+"""Reward/KL/entropy per RL step: drawn into the evaluate stage's outputs when the RL run left its steps.csv."""
 
 
 def _save(fig, path: Path) -> None:
@@ -51,18 +58,93 @@ def plot_timelines(predictions: Sequence[dict], n: int, path: Path) -> None:
     _save(fig, path)
 
 
+def _curve_x(row: dict) -> float:
+    return row.get("curve_step", row["step"])
+
+
 def plot_step_curve(steps: Sequence[dict], metrics: Sequence[str], baselines: dict, select: str,
                     path: Path) -> None:
-    """`steps`: one flat row per evaluated checkpoint (`step` and metric columns, as in steps.csv)."""
+    """`steps`: one flat row per evaluated checkpoint (`step` and metric columns, as in steps.csv; with RL also
+    `stage` and `curve_step`). SFT and RL are drawn as separate lines (RL dashed) on the `curve_step` axis, RL
+    after SFT's last step, with a line where RL starts."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    rows = sorted(steps, key=lambda r: r["step"])
-    for m in metrics:
-        ax.plot([r["step"] for r in rows], [r[m] for r in rows], marker="o", label=m)
+    rows = sorted(steps, key=_curve_x)
+    stages = list(dict.fromkeys(r.get("stage", DEFAULT_STAGE) for r in rows)) or [DEFAULT_STAGE]
+    for i, m in enumerate(metrics):
+        for stage in stages:
+            part = [r for r in rows if r.get("stage", DEFAULT_STAGE) == stage]
+            first = stage == stages[0]
+            ax.plot([_curve_x(r) for r in part], [r[m] for r in part], marker="o" if first else "s",
+                    ls="-" if first else "--", color=f"C{i}", label=m if len(stages) == 1 else f"{m} ({stage})")
     for (name, b), style in zip(baselines.items(), ("--", ":", "-.")):
         if select in b:
             ax.axhline(b[select], ls=style, lw=1.2, color="black", label=f"{name} (blind) {select}")
-    ax.set(xlabel="training step", ylabel="metric", ylim=(0, 1.02), title="Evaluation vs training step")
-    ax.legend(fontsize=7)
+    xlabel = "training step"
+    if len(stages) > 1:
+        first_later = min(_curve_x(r) for r in rows if r.get("stage", DEFAULT_STAGE) != stages[0])
+        ax.axvline(first_later, color="grey", lw=0.8, ls=":")
+        xlabel = f"training step ({', '.join(stages[1:])} steps counted on from the last {stages[0]} step)"
+    ax.set(xlabel=xlabel, ylabel="metric", ylim=(0, 1.02), title="Evaluation vs training step")
+    ax.xaxis.label.set_fontsize(7 if len(stages) > 1 else 10)
+    ax.legend(fontsize=6 if len(stages) > 1 else 7)
+    _save(fig, path)
+
+
+def read_rl_steps(path: str | Path) -> list[dict]:
+    """The RL run's steps.csv (`<rl.report_dir>/steps.csv`, written by `python -m training.rl`) as numbers by
+    step: an empty cell (a metric not measured on that step, e.g. KL between measurements) is NaN. [] when the
+    file is not there or has no `step` column."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+
+    def number(text):
+        try:
+            return float(text) if text not in (None, "") else math.nan
+        except ValueError:
+            return math.nan
+
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if "step" not in (reader.fieldnames or []):
+            return []
+        rows = [{**{k: number(v) for k, v in raw.items() if k}, "step": int(number(raw["step"]))}
+                for raw in reader if not math.isnan(number(raw.get("step")))]
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def plot_rl_curves(rows: Sequence[dict], path: Path, kl_warn: float | None = None,
+                   entropy_warn: float | None = None) -> None:
+    """Reward (mean +- std, with the tIoU it is made of), KL to the start policy and entropy per RL step; the
+    warning thresholds as dashed lines. A step without a value (NaN) leaves a gap."""
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3), sharex=True)
+    steps = [r["step"] for r in rows]
+
+    def series(key):
+        return [r.get(key, math.nan) for r in rows]
+
+    def finite(key):
+        pts = [(s, v) for s, v in zip(steps, series(key)) if isinstance(v, float | int) and math.isfinite(v)]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    ax = axes[0]
+    xs, mean = finite("reward_mean")
+    ax.plot(xs, mean, label="reward mean")
+    std = dict(zip(*finite("reward_std")))
+    if xs and all(x in std for x in xs):
+        ax.fill_between(xs, [m - std[x] for x, m in zip(xs, mean)], [m + std[x] for x, m in zip(xs, mean)],
+                        alpha=0.2, label="+- std")
+    ax.plot(*finite("iou_mean"), ls="--", label="tIoU mean")
+    ax.set(xlabel="RL step", title="reward (should rise)")
+    for ax, key, warn, title in ((axes[1], "kl", kl_warn, "KL to start (too high: hacking)"),
+                                 (axes[2], "entropy", entropy_warn, "entropy (too low: collapse)")):
+        ax.plot(*finite(key), marker=".", label=key)
+        if warn is not None:
+            ax.axhline(warn, color="red", ls="--", lw=0.8, label=f"warn {warn:g}")
+        ax.set(xlabel="RL step", title=title)
+    for ax in axes:
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
     _save(fig, path)
 
 
@@ -79,6 +161,39 @@ def plot_baselines(model: dict, baselines: dict, metrics: Sequence[str], path: P
     _save(fig, path)
 
 
+def comparison_table(comparison: dict) -> tuple[list[str], list[list]]:
+    """(header, rows) of the SFT-vs-RL comparison: one row per query group (all, then each query type) with n
+    and, per metric, `SFT -> RL (RL - SFT)`. Shared by the HTML report and summary.md."""
+    metrics = comparison["metrics"]
+    groups = {"all": comparison["overall"], **comparison.get("by_query_type", {})}
+    rows = []
+    for name, g in groups.items():
+        cells = []
+        for m in metrics:
+            rl = g["rl"].get(m, math.nan)
+            if "sft" in g:
+                cells.append(f"{g['sft'].get(m, math.nan):.3f} -> {rl:.3f} ({g['delta'].get(m, math.nan):+.3f})")
+            else:
+                cells.append(f"- -> {rl:.3f}")
+        rows.append([name, g["n"], *cells])
+    return ["queries", "n", *(f"{m}: SFT -> RL (delta)" for m in metrics)], rows
+
+
+def _comparison_html(comparison: dict | None) -> str:
+    if not comparison:
+        return ""
+    sft, rl = comparison.get("sft") or {}, comparison["rl"]
+    header, rows = comparison_table(comparison)
+    counts = comparison["query_type_counts"]
+    note = (f"SFT: <code>{html.escape(str(sft.get('checkpoint')))}</code> (the RL run's start checkpoint); "
+            if sft else f"SFT: none ({html.escape(str(comparison.get('reason')))}); ")
+    note += (f"RL: <code>{html.escape(rl['checkpoint'])}</code> (best RL checkpoint on "
+             f"{html.escape(comparison['selected_on'])}{', the overall best' if rl.get('overall_best') else ''}). ")
+    note += ("Query types (" + ", ".join(f"{html.escape(k)}: {v}" for k, v in counts.items())
+             + f"): {html.escape(comparison['query_types']['rule'])}")
+    return (f"<h2>SFT vs RL on {html.escape(comparison['split'])}</h2><p>{note}</p>{_table(header, rows)}")
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     def cell(v):
         return f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))
@@ -87,7 +202,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str]) -> str:
+def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str], comparison: dict | None = None,
+                plots: Sequence[str] = PLOTS) -> str:
     s = result["summary"]
     model, baselines, gain = s["model"], s["baselines"], s["visual_gain"]
     main = _table(["", *metrics], [["model", *(model[m] for m in metrics)],
@@ -99,7 +215,7 @@ def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str
                                                 for k, v in s["by_source"].items()])
     preds = _table(["key", "query", "ground truth", "answer", "IoU"],
                    [[p["key"], p["query"], p["gt"], p["raw"], p["iou"]] for p in predictions[:30]])
-    imgs = "".join(f'<img src="{name}" alt="{name}">' for name in PLOTS)
+    imgs = "".join(f'<img src="{name}" alt="{name}">' for name in plots)
     c = s["counts"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Evaluation {html.escape(result['checkpoint_name'])}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin:1em 0}}
@@ -112,6 +228,7 @@ Eval loss: {model.get('eval_loss', float('nan')):.4f}.</p>
 <h2>Model vs blind baselines</h2>{main}
 <p>Visual gain = model minus the best blind baseline per metric: a model that does not beat the blind baselines is
 reading the text, not the video.</p>
+{_comparison_html(comparison)}
 <h2>By moment length</h2>{by_len}<h2>By source</h2>{by_src}
 <h2>Plots</h2>{imgs}
 <h2>Sample predictions</h2>{preds}
@@ -120,8 +237,10 @@ reading the text, not the video.</p>
 
 
 def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Sequence[dict],
-                 thresholds: Sequence[float], samples: int) -> Path:
-    """report.html plus its PNGs into `out`; returns the HTML path."""
+                 thresholds: Sequence[float], samples: int, comparison: dict | None = None,
+                 rl_steps: Sequence[dict] = (), rl_warn: tuple[float | None, float | None] = (None, None)) -> Path:
+    """report.html plus its PNGs into `out`; returns the HTML path. With `comparison` (SFT vs RL on test) its
+    table; with `rl_steps` (`read_rl_steps`) the RL curves (`RL_PLOT`, thresholds `rl_warn` = (KL, entropy))."""
     from evaluation.metrics import metric_name
 
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +250,10 @@ def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Se
     plot_timelines(predictions, samples, out / "timelines.png")
     plot_step_curve(steps, metrics, s["baselines"], result["select_metric"], out / "step_curve.png")
     plot_baselines(s["model"], s["baselines"], metrics, out / "baselines.png")
+    plots = list(PLOTS)
+    if rl_steps:
+        plot_rl_curves(rl_steps, out / RL_PLOT, *rl_warn)
+        plots.append(RL_PLOT)
     path = out / "report.html"
-    path.write_text(render_html(result, predictions, metrics))
+    path.write_text(render_html(result, predictions, metrics, comparison, plots))
     return path

@@ -1,11 +1,20 @@
 """The evaluate stage (`python -m evaluation` with no `--checkpoint`): what `dvc repro` and the flow both run
-after training, so both doors evaluate the same checkpoint on the same split and write the same outputs.
+after training (SFT, then RL), so both doors evaluate the same checkpoints on the same splits and write the same
+outputs.
 
-Every complete checkpoint under `train.out_dir` is evaluated on val (stored results are reused, so checkpoints
-the flow already evaluated while training ran cost nothing), the best by `evaluate.select_metric` (ties: mIoU,
-then the later step) gets the pointer `<evaluate.out_dir>/best.json` and the registry alias, and the best is
-evaluated on the held-out test split: `metrics.json`, the report, and `summary.md` (test metrics next to the
-blind baselines, and the val curve per checkpoint) in `evaluate.out_dir`.
+Every complete checkpoint under `train.out_dir` and, unless `orchestration.rl` is false, under `rl.out_dir`
+(missing or empty is fine) is evaluated on val (stored results are reused, so checkpoints the flow already
+evaluated while training ran cost nothing). The best of all of them by `evaluate.select_metric` (ties: mIoU,
+then the later checkpoint, every RL one counting as later than every SFT one: `registry.order_key`) gets the
+pointer `<evaluate.out_dir>/best.json` and the registry alias, and is evaluated on the held-out test split:
+`metrics.json`, the report, and `summary.md` (test metrics next to the blind baselines, and the val curve per
+checkpoint) in `evaluate.out_dir`.
+
+With RL checkpoints, also on test: the best RL checkpoint on val (even when an SFT one is the overall best) and
+the SFT checkpoint its run started from (meta.json `parent_checkpoint`); their comparison, overall and by query
+type (a distractor object in the window or not: `evaluation.query_types`), goes into metrics.json
+(`comparison`), summary.md and the report, with the RL run's reward/KL/entropy curves
+(`<rl.report_dir>/steps.csv`).
 """
 
 from __future__ import annotations
@@ -13,51 +22,157 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from evaluation.api import EvaluationResult, evaluate_checkpoint
-from evaluation.registry import HELDOUT_SPLIT, SELECTION_SPLIT, select_best
+from evaluation import store
+from evaluation.api import EvaluationResult, curve_runs, evaluate_checkpoint, public_metrics, write_curve
+from evaluation.compare import compare
+from evaluation.query_types import query_types
+from evaluation.registry import (
+    DEFAULT_STAGE,
+    HELDOUT_SPLIT,
+    SELECTION_SPLIT,
+    checkpoint_label,
+    checkpoint_stage,
+    order_key,
+    pick_best,
+    select_best,
+)
+from evaluation.report import RL_PLOT, comparison_table, read_rl_steps, write_report
 from vtg import checkpoints
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.rl_outputs import STEPS_CSV as RL_STEPS_CSV
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.md"
 
 
+def checkpoint_roots(cfg: PipelineConfig) -> list[Path]:
+    """Where the stage looks for checkpoints: SFT's root, and RL's unless RL is off."""
+    return [Path(cfg.train.out_dir)] + ([Path(cfg.rl.out_dir)] if cfg.orchestration.rl else [])
+
+
 def run_stage(cfg: PipelineConfig) -> dict:
-    """Evaluate every checkpoint on val, select the best, evaluate it on test; returns a JSON-able digest."""
-    root = Path(cfg.train.out_dir)
-    found = checkpoints.list_checkpoints(root)
+    """Evaluate every checkpoint on val, select the best, evaluate it on test (with RL: also the SFT-vs-RL
+    comparison); returns a JSON-able digest."""
+    roots = checkpoint_roots(cfg)
+    found = [c for root in roots for c in checkpoints.list_checkpoints(root)]
     if not found:
-        raise VTGError(f"{root}: no complete checkpoints to evaluate (run training first: python -m training)")
+        raise VTGError(f"{' and '.join(map(str, roots))}: no complete checkpoints to evaluate "
+                       "(run training first: python -m training)")
     val = [evaluate_checkpoint(c, SELECTION_SPLIT, cfg) for c in found]
     selection = select_best(cfg.tracking, cfg.evaluate, [v.result for v in val])
     if not selection.get("best"):
-        raise VTGError(f"no best checkpoint under {root}: {selection.get('reason')}")
-    test = evaluate_checkpoint(selection["best"], HELDOUT_SPLIT, cfg)
-    summary = summary_markdown(test, val)
+        raise VTGError(f"no best checkpoint under {' and '.join(map(str, roots))}: {selection.get('reason')}")
+    best_val = selection["result"]
+    rl_best = pick_best([v.result for v in val if checkpoint_stage(v.result) != DEFAULT_STAGE
+                         and Path(v.result["checkpoint"]).is_dir()], cfg.evaluate.select_metric)
+
+    # On test: the comparison's checkpoints first, the overall best last (the stage outputs are the last one's).
+    best_path = Path(selection["best"]).resolve()
+    tested: dict[Path, EvaluationResult] = {}
+    sft_parent, parent_problem = None, None
+    if rl_best is not None:
+        parent = rl_best.get("parent_checkpoint")
+        try:
+            if not parent:
+                raise VTGError(f"{rl_best['checkpoint']}: its meta.json names no parent_checkpoint")
+            sft_parent = checkpoints.resolve_checkpoint(parent)
+            if sft_parent != best_path:
+                tested[sft_parent] = evaluate_checkpoint(sft_parent, HELDOUT_SPLIT, cfg)
+        except VTGError as e:
+            sft_parent, parent_problem = None, str(e)
+            log.warning("SFT-vs-RL comparison without SFT: %s", e)
+        rl_path = Path(rl_best["checkpoint"]).resolve()
+        if rl_path != best_path:
+            tested[rl_path] = evaluate_checkpoint(rl_path, HELDOUT_SPLIT, cfg)
+    test = evaluate_checkpoint(best_path, HELDOUT_SPLIT, cfg)
+    tested[best_path] = test
+
+    comparison = None
+    if rl_best is not None:
+        rl_path = Path(rl_best["checkpoint"]).resolve()
+        comparison = _comparison(cfg, tested[rl_path], tested.get(sft_parent) if sft_parent else None,
+                                 parent_problem, overall_best=rl_path == best_path)
+    rl_steps = read_rl_steps(Path(cfg.rl.report_dir) / RL_STEPS_CSV) if cfg.orchestration.rl else []
+    _write_outputs(cfg, test, best_val, comparison, rl_steps)
+    summary = summary_markdown(test, val, comparison)
     (Path(cfg.evaluate.out_dir) / SUMMARY_FILE).write_text(summary)
-    return {"best_checkpoint": selection["best"], "best_step": selection["step"], "test": test.to_dict(),
-            "val": [v.to_dict() for v in val], "summary_markdown": summary,
-            "registered_version": selection.get("registered_version")}
+    return {"best_checkpoint": selection["best"], "best_step": selection["step"],
+            "best_stage": checkpoint_stage(best_val), "best_checkpoint_name": checkpoint_label(best_val),
+            "test": test.to_dict(), "val": [v.to_dict() for v in val], "comparison": comparison,
+            "summary_markdown": summary, "registered_version": selection.get("registered_version")}
 
 
-def summary_markdown(test: EvaluationResult, val: list[EvaluationResult]) -> str:
-    """The evaluation part of the pipeline report: held-out metrics vs blind baselines, then val per checkpoint."""
+def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult | None, problem: str | None,
+                overall_best: bool) -> dict:
+    """metrics.json's `comparison`: the best RL checkpoint vs the SFT checkpoint its run started from, on test,
+    overall and by query type. Names only (no absolute paths): metrics.json is the same from both doors."""
+    ev = cfg.evaluate
+    types, note = query_types(ev.shards_dir, HELDOUT_SPLIT, cfg.corpus.out_dir)
+    out = compare(store.load_predictions(sft.entry_dir) if sft else None, store.load_predictions(rl.entry_dir),
+                  types, ev.iou_thresholds)
+    rl_info = {"checkpoint": checkpoint_label(rl.result), "step": rl.result["step"], "overall_best": overall_best,
+               "parent_step": rl.result.get("parent_step")}
+    sft_info = ({"checkpoint": checkpoint_label(sft.result), "step": sft.result["step"],
+                 "role": "the checkpoint the RL run started from"} if sft else None)
+    extra = {"reason": f"the RL run's start checkpoint could not be evaluated: {problem}"} if sft is None else {}
+    return {"split": HELDOUT_SPLIT, "selected_on": SELECTION_SPLIT, "select_metric": ev.select_metric,
+            "sft": sft_info, "rl": rl_info, **out, "query_types": note, **extra}
+
+
+def _write_outputs(cfg: PipelineConfig, test: EvaluationResult, best_val: dict, comparison: dict | None,
+                   rl_steps: list[dict]) -> None:
+    """metrics.json with the comparison, the val curve of the best's run, and the report re-drawn in the stage
+    outputs with the comparison table and the RL curves."""
+    ev, out = cfg.evaluate, Path(cfg.evaluate.out_dir)
+    with store.locked(ev.store_dir):
+        metrics = public_metrics(test.result)
+        if comparison is not None:
+            metrics["comparison"] = comparison
+        store.write_json_atomic(out / store.RESULT_FILE, metrics)
+        rows = write_curve(cfg, curve_runs(cfg, best_val), best_val["summary"]["baselines"])
+        (out / RL_PLOT).unlink(missing_ok=True)  # a previous run's curves
+        write_report(out, test.result, store.load_predictions(test.entry_dir), rows, ev.iou_thresholds,
+                     ev.report_samples, comparison=comparison, rl_steps=rl_steps,
+                     rl_warn=(cfg.rl.kl_warn, cfg.rl.entropy_warn))
+
+
+def comparison_markdown(comparison: dict) -> list[str]:
+    sft, rl = comparison.get("sft"), comparison["rl"]
+    header, rows = comparison_table(comparison)
+    counts = ", ".join(f"{k} {v}" for k, v in comparison["query_type_counts"].items())
+    sft_line = (f"SFT: `{sft['checkpoint']}` (the RL run's start checkpoint)" if sft else
+                f"SFT: none ({comparison.get('reason')})")
+    rl_line = (f"RL: `{rl['checkpoint']}` (best RL checkpoint on {comparison['selected_on']} by "
+               f"{comparison['select_metric']}{'; the overall best' if rl['overall_best'] else ''})")
+    lines = [f"## SFT vs RL on {comparison['split']}", "", sft_line, rl_line, "",
+             f"Query types ({counts}): {comparison['query_types']['rule']}.", "",
+             "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return lines
+
+
+def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], comparison: dict | None = None) -> str:
+    """The evaluation part of the pipeline report: held-out metrics vs blind baselines, the SFT-vs-RL comparison
+    (with RL), then val per checkpoint (SFT, then RL)."""
     t = test.to_dict()
     base = t["baselines"]
-    title = (f"## Held-out {t['split']} metrics of the best checkpoint (`{test.result['checkpoint_name']}`, "
+    title = (f"## Held-out {t['split']} metrics of the best checkpoint (`{checkpoint_label(test.result)}`, "
              f"step {t['step']}, chosen on {SELECTION_SPLIT} by {t['select_metric']})")
     lines = [title, "",
-             f"report: {test.report}", "",
+             f"report: {test.out_dir / 'report.html'}", "",
              "| metric | model | " + " | ".join(f"blind: {b}" for b in base) + " |",
              "| --- | --- |" + " --- |" * len(base)]
     for k, v in t["model"].items():
         if isinstance(v, int | float):
             row = " | ".join(f"{base[b][k]:.4f}" if k in base[b] else "-" for b in base)
             lines.append(f"| {k} | {v:.4f} | {row} |")
+    if comparison:
+        lines += ["", *comparison_markdown(comparison)]
     keys = ["miou", *sorted(k for k in val[0].metrics if k.startswith("r1@"))] if val else []
-    lines += ["", f"## Per-checkpoint evaluation ({SELECTION_SPLIT})", "", "| step | " + " | ".join(keys) + " |",
-              "| --- |" + " --- |" * len(keys)]
-    for v in sorted(val, key=lambda v: v.result["step"]):
-        lines.append(f"| {v.result['step']} | " + " | ".join(f"{v.metrics[k]:.4f}" for k in keys) + " |")
+    lines += ["", f"## Per-checkpoint evaluation ({SELECTION_SPLIT})", "",
+              "| checkpoint | stage | step | " + " | ".join(keys) + " |", "| --- | --- | --- |" + " --- |" * len(keys)]
+    for v in sorted(val, key=lambda v: order_key(v.result)):
+        lines.append(f"| {checkpoint_label(v.result)} | {checkpoint_stage(v.result)} | {v.result['step']} | "
+                     + " | ".join(f"{v.metrics[k]:.4f}" for k in keys) + " |")
     return "\n".join(lines) + "\n"

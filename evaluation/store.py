@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from evaluation.registry import DEFAULT_STAGE, checkpoint_label, checkpoint_stage, order_key
 from vtg.records import read_jsonl, write_jsonl
 
 RESULT_FILE = "metrics.json"
@@ -30,7 +31,8 @@ def eval_key(checkpoint_digest: str, split: str, settings_hash: str, data_digest
 
 
 def entry_dir(store_dir: str | Path, split: str, checkpoint_name: str, key: str) -> Path:
-    return Path(store_dir) / split / f"{checkpoint_name}-{key[:16]}"
+    """`<store>/<split>/<name>-<key[:16]>`; a stage-qualified name (`rl/step-000100`) becomes `rl-step-000100`."""
+    return Path(store_dir) / split / f"{checkpoint_name.replace('/', '-')}-{key[:16]}"
 
 
 def find(store_dir: str | Path, split: str, key: str) -> Path | None:
@@ -64,20 +66,28 @@ def save_predictions(entry: Path, predictions: Sequence[dict]) -> None:
 
 
 def history(store_dir: str | Path, split: str, lineage: str, settings_hash: str) -> list[dict]:
-    """Results of every evaluated checkpoint of the same lineage (training run) and settings, by step."""
-    out: dict[int, dict] = {}
+    """Results of every evaluated checkpoint of the same lineage (training run, with the RL runs started from
+    it) and settings, SFT steps first, then RL steps (`registry.order_key`); the newest result per checkpoint."""
+    out: dict[tuple, dict] = {}
     for f in sorted((Path(store_dir) / split).glob(f"*/{RESULT_FILE}"), key=lambda p: p.stat().st_mtime):
         r = json.loads(f.read_text())
         if r.get("lineage") == lineage and r.get("settings_hash") == settings_hash:
-            out[r["step"]] = r
-    return [out[s] for s in sorted(out)]
+            out[order_key(r)] = r
+    return [out[k] for k in sorted(out)]
 
 
 def step_rows(results: Sequence[dict], metrics: Sequence[str], select: str) -> list[dict]:
+    """One flat row per checkpoint (steps.csv), SFT then RL: `step` is the checkpoint's own step, `stage` says
+    whose, and `curve_step` puts every stage on one axis (an RL step counts from the last SFT step listed), so
+    a curve never mixes an RL step with the SFT step of the same number."""
+    results = sorted(results, key=order_key)
+    offset = max((r["step"] for r in results if checkpoint_stage(r) == DEFAULT_STAGE), default=0)
     rows = []
     for r in results:
         s = r["summary"]
-        row = {"step": r["step"], "checkpoint": r["checkpoint_name"]}
+        stage = checkpoint_stage(r)
+        row = {"step": r["step"], "stage": stage, "curve_step": r["step"] + (0 if stage == DEFAULT_STAGE else offset),
+               "checkpoint": checkpoint_label(r)}
         row.update({m: s["model"][m] for m in metrics})
         row["parse_failure_rate"] = s["model"].get("parse_failure_rate", 0.0)
         row["eval_loss"] = s["model"].get("eval_loss", float("nan"))
@@ -87,7 +97,7 @@ def step_rows(results: Sequence[dict], metrics: Sequence[str], select: str) -> l
 
 
 def write_steps_csv(path: Path, rows: Sequence[dict]) -> None:
-    """Metric vs training step (DVC `plots`: x=step)."""
+    """Metric vs training step (DVC `plots`: x=curve_step, so that RL steps follow SFT's)."""
     fields = list(dict.fromkeys(k for r in rows for k in r))
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", newline="") as f:

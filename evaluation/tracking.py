@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 TAG_CHECKPOINT_DIGEST = "vtg.checkpoint_digest"
 TAG_SPLIT = "vtg.split"
+TAG_CHECKPOINT_STAGE = "vtg.checkpoint_stage"
+"""`sft` or `rl`: which training stage wrote the evaluated checkpoint (meta.json's `stage`)."""
 
 
 def mlflow_key(name: str) -> str:
@@ -68,6 +70,7 @@ def start_eval_run(tracking: TrackingConfig, result: dict) -> str:
             TAG_DATA_VERSION: str(result.get("data_version") or ""), TAG_TRAIN_RUN: result.get("train_run_id") or "",
             TAG_GIT_COMMIT: git_commit(), TAG_CONFIG_HASH: result["settings_hash"],
             TAG_CHECKPOINT_DIGEST: result["checkpoint_digest"], TAG_SPLIT: result["split"],
+            TAG_CHECKPOINT_STAGE: result["stage"],
             "mlflow.note.content": f"Evaluation of {result['checkpoint']} on {result['split']}"}
     if parent := os.environ.get(ENV_PARENT_RUN_ID):
         tags["mlflow.parentRunId"] = parent

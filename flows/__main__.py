@@ -103,7 +103,8 @@ class _Shutdown:
 def _main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(
         "Run the post-training pipeline: corpus -> ingest -> Beam preprocess -> DVC-versioned shards -> "
-        "DeepSpeed training with every checkpoint evaluated concurrently -> held-out evaluation -> report.")
+        "DeepSpeed SFT -> GRPO (rl; orchestration.rl=false skips it), every checkpoint evaluated concurrently -> "
+        "held-out evaluation of the best -> report.")
     args = parser.parse_args(argv)
     resolve_config(args)  # validate (and --dry-run) before Prefect starts
     from flows.stages import stop_children

@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
 from flows.events import append_jsonl
+from flows.stages import die_with_parent
 from vtg import checkpoints, lineage
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig, load_config
@@ -139,6 +141,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml", help="fallback params when a checkpoint has no config")
     parser.add_argument("--device", default="", help="evaluate on this device (overrides evaluate.device)")
     args = parser.parse_args(argv)
+    # SIGKILL, not spawn's SIGTERM, when the flow dies: inside a flow run Prefect's engine catches SIGTERM and then
+    # retries the dead flow's API server (an evaluator killed with its flow was still up 20 s later)
+    die_with_parent(signal.SIGKILL)
     for item in follow(Path(args.queue)):
         rec = evaluate_checkpoint(checkpoint_dir=item["checkpoint_dir"], step=int(item["step"]), split=args.split,
                                   parent_run_id=item.get("parent_run_id", ""),

@@ -1,9 +1,11 @@
 """`python -m flows.lineage TARGET`: print the lineage chain of a model version, an eval run or a checkpoint.
 
-TARGET is a checkpoint (a step dir, a pointer file such as `checkpoints/latest` or `reports/eval/best.json`), an MLflow run id (eval, train or
-pipeline run), or a registered model version (`models:/vtg-grounding/3`, `models:/vtg-grounding@best`).
+TARGET is a checkpoint (a step dir, a pointer file such as `checkpoints/sft/latest`, `checkpoints/rl/latest` or
+`reports/eval/best.json`), an MLflow run id (eval, train, rl or pipeline run), or a registered model version
+(`models:/vtg-grounding/3`, `models:/vtg-grounding@best`).
 The chain: source annotations + videos digest -> shard digest (DVC) -> preprocess params -> train run (params,
-commit) -> checkpoint -> eval metrics.
+commit) -> SFT checkpoint [-> RL run (params) -> RL checkpoint] -> eval metrics. An RL checkpoint is followed to
+the SFT checkpoint it started from (meta.json `parent_checkpoint`, else the RL run's tag) and on from there.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from vtg.errors import VTGError
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w-]+))$")
 TRAIN_PARAMS = ("lr", "max_steps", "micro_batch_size", "zero_stage", "seed", "model.base", "model.finetune")
+RL_PARAMS = ("init", "lr", "max_steps", "queries_per_step", "group_size", "temperature", "kl_beta", "seed")
+RL_STAGE = "rl"  # the `vtg.stage` tag and meta.json `stage` of an RL run / checkpoint
 
 
 @dataclass
@@ -44,6 +48,13 @@ class Chain:
     step: int | None = None
     evals: list[dict[str, Any]] = field(default_factory=list)
     model_version: str | None = None
+    stage: str = "sft"
+    """`sft`, or `rl`: then `checkpoint`/`step` are the RL checkpoint's and the train fields its parent's."""
+    rl_run: str | None = None
+    rl_params: dict[str, str] = field(default_factory=dict)
+    parent_checkpoint: str | None = None
+    """The SFT checkpoint an RL checkpoint started from."""
+    parent_step: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -87,6 +98,9 @@ def build_chain(c, exp_id: str, target: str) -> Chain:
     train = run
     if run is not None and run.data.tags.get(L.TAG_STAGE) == "evaluate":
         train = _run(c, run.data.tags.get(L.TAG_TRAIN_RUN))
+    meta = _meta(ckpt)
+    if meta.get("stage") == RL_STAGE or (train is not None and train.data.tags.get(L.TAG_STAGE) == RL_STAGE):
+        return _rl_chain(c, exp_id, ch, train, meta)
     if train is not None and train.data.tags.get(L.TAG_STAGE) not in ("pipeline",):
         t = train.data.tags
         ch.train_run = train.info.run_id
@@ -96,27 +110,76 @@ def build_chain(c, exp_id: str, target: str) -> Chain:
     pipeline = _run(c, (train or run).data.tags.get(PARENT_TAG)) if (train or run) is not None else None
     if run is not None and run.data.tags.get(L.TAG_STAGE) == "pipeline":
         pipeline = run
-    if pipeline is not None:
-        t = pipeline.data.tags
-        ch.pipeline_run, ch.flow_run = pipeline.info.run_id, t.get(L.TAG_PREFECT_FLOW_RUN)
-        ch.source_digest, ch.dvc_md5 = t.get(L.TAG_SOURCE_DIGEST), t.get("vtg.dvc_md5")
-        ch.shard_digest = ch.shard_digest or t.get(L.TAG_DATA_VERSION)
-        ch.git_commit = ch.git_commit or t.get(L.TAG_GIT_COMMIT)
-        ch.config_hash = ch.config_hash or t.get(L.TAG_CONFIG_HASH)
-        pre = _run(c, t.get("vtg.preprocess_run_id"))
-        if pre is not None:
-            ch.preprocess = dict(sorted(pre.data.params.items()))
-        if not ch.train_params:
-            ch.train_params = {k: v for k, v in pipeline.data.params.items()
-                               if k.startswith("train.") and k[6:] in TRAIN_PARAMS}
+    _from_pipeline(c, ch, pipeline)
     if ch.train_run:
-        flt = f"tags.`{L.TAG_TRAIN_RUN}` = '{ch.train_run}' and tags.`{L.TAG_STAGE}` = 'evaluate'"
-        if step is not None:
-            flt += f" and tags.`{L.TAG_STEP}` = '{step}'"
-        for r in c.search_runs([exp_id], filter_string=flt, order_by=["attributes.start_time ASC"]):
-            ch.evals.append({"run_id": r.info.run_id, "step": r.data.tags.get(L.TAG_STEP),
-                             "split": r.data.tags.get("vtg.split", "?"),
-                             "metrics": model_metrics(r.data.metrics, r.data.tags.get("vtg.split", ""))})
+        ch.evals = _evals(c, exp_id, ch.train_run, step)
+    return ch
+
+
+def _meta(checkpoint: str | None) -> dict[str, Any]:
+    """The checkpoint's meta.json when it is still there (an RL checkpoint's names its parent), else {}."""
+    if not checkpoint or not Path(checkpoint).is_dir():
+        return {}
+    try:
+        return checkpoints.read_checkpoint_meta(checkpoint)
+    except VTGError:
+        return {}
+
+
+def _from_pipeline(c, ch: Chain, pipeline) -> None:
+    """Fill what the pipeline run knows: the source and data versions, the preprocess run, its flow run."""
+    if pipeline is None:
+        return
+    t = pipeline.data.tags
+    ch.pipeline_run, ch.flow_run = pipeline.info.run_id, t.get(L.TAG_PREFECT_FLOW_RUN)
+    ch.source_digest, ch.dvc_md5 = t.get(L.TAG_SOURCE_DIGEST), t.get("vtg.dvc_md5")
+    ch.shard_digest = ch.shard_digest or t.get(L.TAG_DATA_VERSION)
+    ch.git_commit = ch.git_commit or t.get(L.TAG_GIT_COMMIT)
+    ch.config_hash = ch.config_hash or t.get(L.TAG_CONFIG_HASH)
+    pre = _run(c, t.get("vtg.preprocess_run_id"))
+    if pre is not None:
+        ch.preprocess = dict(sorted(pre.data.params.items()))
+    if not ch.train_params:
+        ch.train_params = {k: v for k, v in pipeline.data.params.items()
+                           if k.startswith("train.") and k[6:] in TRAIN_PARAMS}
+
+
+def _evals(c, exp_id: str, run_id: str, step: int | None) -> list[dict[str, Any]]:
+    """Eval runs of the checkpoints of one training (or RL) run, at `step` when given."""
+    flt = f"tags.`{L.TAG_TRAIN_RUN}` = '{run_id}' and tags.`{L.TAG_STAGE}` = 'evaluate'"
+    if step is not None:
+        flt += f" and tags.`{L.TAG_STEP}` = '{step}'"
+    return [{"run_id": r.info.run_id, "step": r.data.tags.get(L.TAG_STEP), "split": r.data.tags.get("vtg.split", "?"),
+             "metrics": model_metrics(r.data.metrics, r.data.tags.get("vtg.split", ""))}
+            for r in c.search_runs([exp_id], filter_string=flt, order_by=["attributes.start_time ASC"])]
+
+
+def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
+    """An RL checkpoint: its RL run and evaluations, then the chain of the SFT checkpoint it started from (data
+    version, train run, source), falling back to the RL run's own tags and pipeline run when that checkpoint is
+    gone."""
+    ch.stage = RL_STAGE
+    tags = rl_run.data.tags if rl_run is not None else {}
+    if rl_run is not None:
+        ch.rl_run = rl_run.info.run_id
+        ch.rl_params = {k: v for k, v in rl_run.data.params.items() if k.split("rl.", 1)[-1] in RL_PARAMS}
+    ch.parent_checkpoint = meta.get("parent_checkpoint") or tags.get(L.TAG_PARENT_CHECKPOINT)
+    ch.parent_step = meta.get("parent_step")
+    run_id = meta.get("mlflow_run_id") or ch.rl_run
+    if run_id:
+        ch.evals = _evals(c, exp_id, run_id, ch.step)
+    parent = ch.parent_checkpoint if ch.parent_checkpoint and Path(ch.parent_checkpoint).exists() else None
+    if parent:
+        sft = build_chain(c, exp_id, parent)
+        for k in ("source_digest", "shard_digest", "dvc_md5", "preprocess", "pipeline_run", "flow_run", "train_run",
+                  "train_params", "git_commit", "config_hash"):
+            setattr(ch, k, getattr(sft, k))
+        ch.parent_step = ch.parent_step if ch.parent_step is not None else sft.step
+    else:
+        ch.git_commit, ch.config_hash = tags.get(L.TAG_GIT_COMMIT), tags.get(L.TAG_CONFIG_HASH)
+        _from_pipeline(c, ch, _run(c, tags.get(PARENT_TAG)))
+    # the RL checkpoint's own data version wins (it must be the parent's: RL trains on the same shards)
+    ch.shard_digest = meta.get("data_version") or tags.get(L.TAG_DATA_VERSION) or ch.shard_digest
     return ch
 
 
@@ -138,9 +201,17 @@ def render(ch: Chain) -> str:
         f"  -> preprocess params {pre or '?'}",
         f"  -> train run {ch.train_run or '?'}  commit {ch.git_commit or '?'}  config {ch.config_hash or '?'}",
         f"       params {', '.join(f'{k}={v}' for k, v in ch.train_params.items()) or '?'}",
-        f"  -> checkpoint {ch.checkpoint or '?'}  step {ch.step if ch.step is not None else '?'}"
-        + (f"  (registered as {ch.model_version})" if ch.model_version else ""),
     ]
+    registered = f"  (registered as {ch.model_version})" if ch.model_version else ""
+    if ch.stage == RL_STAGE:
+        parent_step = ch.parent_step if ch.parent_step is not None else "?"
+        lines += [
+            f"  -> SFT checkpoint {ch.parent_checkpoint or '?'}  step {parent_step}",
+            f"  -> RL run {ch.rl_run or '?'}  params {', '.join(f'{k}={v}' for k, v in ch.rl_params.items()) or '?'}",
+            f"  -> RL checkpoint {ch.checkpoint or '?'}  step {ch.step if ch.step is not None else '?'}{registered}"]
+    else:
+        lines.append(f"  -> checkpoint {ch.checkpoint or '?'}  step {ch.step if ch.step is not None else '?'}"
+                     f"{registered}")
     for e in ch.evals or [{}]:
         m = ", ".join(f"{k.removeprefix('eval/')}={v}" for k, v in e.get("metrics", {}).items()) or "?"
         lines.append(f"  -> eval run {e.get('run_id', '?')} ({e.get('split', '?')}, step {e.get('step', '?')}): {m}")

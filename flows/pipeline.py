@@ -1,5 +1,6 @@
-"""The `post-training` flow: corpus -> ingest -> Beam preprocess -> DVC push -> training with every
-checkpoint evaluated while training continues -> the evaluate stage (best on val, then held-out test) -> report.
+"""The `post-training` flow: corpus -> ingest -> Beam preprocess -> DVC push -> SFT training -> GRPO (rl), with
+every checkpoint of both evaluated while they run -> the evaluate stage (best of SFT and RL on val, then
+held-out test) -> report.
 
 Run it embedded with `python -m flows` (Prefect's ephemeral API, no server), or served with `make serve` and
 `prefect deployment run 'post-training/default'`. The stages are the ones `dvc.yaml` declares; a stage that
@@ -53,10 +54,13 @@ def _run_name() -> str:
 
 @flow(name="post-training", flow_run_name=_run_name, log_prints=True, persist_result=True)
 def post_training(params: str = "params.yaml", experiment: str | None = None,
-                  overrides: list[str] | None = None) -> dict[str, Any]:
-    """The whole pipeline for one configuration (params file + experiment + dotted overrides)."""
+                  overrides: list[str] | None = None, rl: bool | None = None) -> dict[str, Any]:
+    """The whole pipeline for one configuration (params file + experiment + dotted overrides).
+
+    `rl`: when set, runs GRPO after SFT (true) or not (false) whatever `orchestration.rl` says; it becomes the
+    override `orchestration.rl=true|false`, so every stage sees it and dvc.lock records what ran."""
     t0 = time.perf_counter()
-    overrides = list(overrides or [])
+    overrides = list(overrides or []) + rl_override(rl)
     cfg = load_config(params, experiment, overrides)
     args = ConfigArgs(params, experiment, tuple(overrides))
     flow_run_id = str(runtime.flow_run.id)
@@ -81,6 +85,11 @@ def post_training(params: str = "params.yaml", experiment: str | None = None,
     return summary
 
 
+def rl_override(rl: bool | None) -> list[str]:
+    """The flow's `rl` parameter as a config override (none when unset: `orchestration.rl` decides)."""
+    return [] if rl is None else [f"orchestration.rl={'true' if rl else 'false'}"]
+
+
 def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summary: dict[str, Any]) -> None:
     stages = summary["stages"]
     common = {"cfg": cfg, "args": args, "parent": parent}
@@ -103,17 +112,31 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
 
 def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
                         summary: dict[str, Any]) -> None:
+    """SFT, then RL, both reporting their checkpoints into one queue that one evaluator follows (started with the
+    first of them that runs, or after both when it must wait for the training device); the queue is closed once
+    both are done (or one failed); then every evaluation is awaited, then the evaluate stage picks the best."""
     queue = Path(cfg.orchestration.state_dir) / f"checkpoint_queue-{flow_run_id}.jsonl"
     queue.parent.mkdir(parents=True, exist_ok=True)
-    trained = _call(tasks.train, cfg=cfg, args=args, parent=parent, flow_run_id=flow_run_id, queue=str(queue))
-    summary["stages"]["train"] = trained
-    summary.update(train_run_id=trained.get("train_run_id"), eval_mode=trained.get("eval_mode"))
-    if trained.get("eval_mode") not in (None, "off"):
+    common = {"cfg": cfg, "args": args, "parent": parent, "flow_run_id": flow_run_id, "queue": str(queue)}
+    try:
+        trained = _call(tasks.train, **common)
+        summary["stages"]["train"] = trained
+        tuned = _call(tasks.rl, **common)
+        summary["stages"]["rl"] = tuned
+    except BaseException:
+        tasks.close_checkpoint_queue(cfg, str(queue), args, parent, start_waiting=False)
+        raise
+    tasks.close_checkpoint_queue(cfg, str(queue), args, parent)
+    modes = [m for m in (trained.get("eval_mode"), tuned.get("eval_mode")) if m not in (None, "off")]
+    summary.update(train_run_id=trained.get("train_run_id"), rl_run_id=tuned.get("rl_run_id"),
+                   rl_start_checkpoint=tuned.get("start_checkpoint"), rl_steps=tuned.get("steps"),
+                   eval_mode=modes[0] if modes else trained.get("eval_mode"))
+    if modes:
         summary["evaluations"] = tasks.wait_for_evaluations(cfg, str(queue))
     evaluated = _call(_with_retries(tasks.evaluate, cfg), cfg=cfg, args=args, parent=parent)
     summary["stages"]["evaluate"] = evaluated
     if not evaluated.get("best_checkpoint"):
-        raise VTGError(f"the evaluate stage chose no best checkpoint under {cfg.train.out_dir} "
+        raise VTGError(f"the evaluate stage chose no best checkpoint under {cfg.train.out_dir} or {cfg.rl.out_dir} "
                        f"(see {cfg.evaluate.out_dir})")
     test = evaluated.get("test") or {}
     summary.update(best_checkpoint=evaluated["best_checkpoint"], best_step=evaluated.get("best_step"),
@@ -131,6 +154,7 @@ def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:
     print("\n".join([
         "", f"=== post-training finished in {s.get('seconds', 0):.0f}s ===",
         f"best checkpoint : {s.get('best_checkpoint')} (held-out test: {shown or test})",
+        f"rl              : {tasks.rl_line((s.get('stages') or {}).get('rl')).replace('`', '')}",
         f"report          : {s.get('report')}",
         f"Prefect         : {prefect_where}",
         (f"MLflow          : parent run {s.get('mlflow_parent_run_id')} in {cfg.tracking.tracking_uri} "

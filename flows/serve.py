@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from flows.deployments import add_rl_flag
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.errors import VTGError
 
@@ -91,6 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlflow-port", type=int, default=None, help="default: tracking.server_port")
     parser.add_argument("--no-mlflow", action="store_true", help="do not start an MLflow server (log to the URI)")
     parser.add_argument("--log-dir", default=".serve", help="service logs (default: %(default)s)")
+    add_rl_flag(parser)
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
     pport = args.prefect_port or cfg.orchestration.prefect_port
@@ -112,6 +114,8 @@ def _main(argv: list[str] | None = None) -> int:
         if mlflow_url:
             wait_http(f"{mlflow_url}/health", 180, procs[1])
         config_args = ["--params", args.params] + (["--experiment", args.experiment] if args.experiment else [])
+        if args.rl is not None:
+            config_args.append("--rl" if args.rl else "--no-rl")
         procs.append(subprocess.Popen([sys.executable, "-m", "flows.deployments", *config_args, *overrides],
                                       env=service_env(pport, cfg.orchestration.serve_poll_s),
                                       start_new_session=True))

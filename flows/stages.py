@@ -56,6 +56,20 @@ def _die_with_parent(parent: int):
     return preexec if sys.platform.startswith("linux") else None
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """From now on the kernel sends `sig` to this process when its parent dies (Linux prctl; a no-op elsewhere).
+    For a `spawn`ed child that may catch SIGTERM: the embedded evaluator runs Prefect flows, whose engine catches
+    SIGTERM and then retries reporting the crash to the API server of the flow that just died, for minutes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except OSError:
+        pass
+
+
 def spawn(argv: list[str], **kwargs) -> subprocess.Popen:
     """Start a child of the flow in its own process group, registered for `stop_children`."""
     proc = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent(os.getpid()), **kwargs)  # noqa: PLW1509
@@ -163,12 +177,27 @@ def train_cmd(cfg: PipelineConfig, args: Sequence[str],
     another GPU of the node (vtg/placement.py): CUDA_VISIBLE_DEVICES for `python`/`torchrun`, `--include`
     for `deepspeed` (which replaces CUDA_VISIBLE_DEVICES with its own). With DeepSpeed's hostfile (multi-node),
     `--num_gpus` keeps the first `train.num_gpus` slots of each node, and the placement leaves the last one free."""
-    module, ranks = cfg.orchestration.stages.train, cfg.train.num_gpus
+    return launch_cmd(cfg, cfg.orchestration.stages.train, cfg.train.num_gpus, "train.num_gpus", args, gpus)
+
+
+def rl_cmd(cfg: PipelineConfig, args: Sequence[str],
+           gpus: Sequence[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The rl stage's command line and extra env: launched like training, with `rl.num_gpus` ranks (one rank:
+    `python -m training.rl`, the dvc.yaml cmd); `gpus` as for `train_cmd` (the first `rl.num_gpus` of them)."""
+    ranks = cfg.rl.num_gpus
+    if gpus is not None and len(gpus) > ranks:
+        gpus = list(gpus)[:ranks]
+    return launch_cmd(cfg, cfg.orchestration.stages.rl, ranks, "rl.num_gpus", args, gpus)
+
+
+def launch_cmd(cfg: PipelineConfig, module: str, ranks: int, what: str, args: Sequence[str],
+               gpus: Sequence[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """`module` with `ranks` processes by `orchestration.train_launcher` (see `train_cmd`)."""
     launcher = cfg.orchestration.train_launcher
     if launcher == "auto":
         launcher = "python" if ranks == 1 else ("deepspeed" if _has_cuda() else "torchrun")
     if gpus is not None and len(gpus) != ranks:
-        raise VTGError(f"training has {ranks} rank(s) (train.num_gpus) but was given GPUs {list(gpus)}")
+        raise VTGError(f"{what.split('.')[0]} has {ranks} rank(s) ({what}) but was given GPUs {list(gpus)}")
     visible = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
     port = str(free_port())
     if launcher == "python":

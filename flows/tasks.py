@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ from prefect.tasks import exponential_backoff
 from flows import tracking
 from flows.evaluation import results_path
 from flows.events import append_jsonl
-from flows.stages import ConfigArgs, module_cmd, run_stage, spawn, stop_process, train_cmd
+from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, spawn, stop_process, train_cmd
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
+from vtg.rl_outputs import SUMMARY_JSON as RL_SUMMARY
 from vtg.shards import MANIFEST, data_version
 
 HOOK = "flows.events:on_checkpoint_saved"
@@ -235,6 +237,77 @@ def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: 
                       "--params", args.params, *device], env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
 
+@dataclass
+class CheckpointEvaluation:
+    """How the checkpoints of this flow run's training stages (SFT, then RL) are evaluated: one queue file, one
+    mode, one placement, one evaluator for both stages."""
+
+    mode: str
+    """`embedded`, `events` or `off` (`eval_mode`)."""
+    where: str
+    """One line for the log and the report (`eval_placement`)."""
+    env: dict[str, str]
+    """For the training stage processes: the queue (the hook appends to it, retention keeps what is listed there
+    until evaluated), events on/off, the parent MLflow run, the Prefect flow run."""
+    placement: Placement | None = None
+    train_gpus: list[str] | None = None
+    """The only GPUs the training stages may use (the evaluator holds another), or None: no restriction."""
+
+
+_open: dict[str, CheckpointEvaluation] = {}  # queue path -> the evaluation the training stages report into
+
+
+def open_checkpoint_evaluation(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
+                               queue: str) -> CheckpointEvaluation:
+    """The per-checkpoint evaluation of this flow run, set up by the first training stage that runs (SFT, or RL
+    when SFT was up to date): the mode, the placement, and a concurrent evaluator started once. The queue stays
+    open until `close_checkpoint_queue`, after the last training stage."""
+    if queue in _open:
+        return _open[queue]
+    _set_aside_closed(Path(queue))
+    mode = eval_mode(cfg)
+    env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}
+    if mode != "off":  # the hook reports each checkpoint here; retention keeps it until its evaluation is recorded
+        env[lineage.ENV_CHECKPOINT_QUEUE] = queue
+    if parent:
+        env[lineage.ENV_PARENT_RUN_ID] = parent
+    ev = CheckpointEvaluation(mode, mode, env)
+    if mode == "events":
+        env[lineage.ENV_CHECKPOINT_EVENTS] = "1"
+        ev.where = f"events: {cfg.orchestration.eval_deployment} on its own work pool"
+    elif mode == "embedded":
+        ev.placement = placement = evaluation_placement(cfg)
+        ev.where = f"embedded: {placement.line()}"
+        if placement.train_gpus:
+            ev.train_gpus = device_ids(placement.train_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if placement.when == CONCURRENT:
+            _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
+    get_run_logger().info("per-checkpoint evaluation: %s", ev.where)
+    _open[queue] = ev
+    return ev
+
+
+def _set_aside_closed(queue: Path) -> None:
+    """A queue an earlier attempt of this flow run closed (a retried run): renamed, so that the new evaluator
+    does not stop at the old `done` line and the wait expects this attempt's checkpoints only."""
+    if queue.is_file() and any(json.loads(line).get("done") for line in queue.read_text().splitlines() if line.strip()):
+        queue.rename(queue.with_name(f"{queue.stem}.closed-{time.time_ns()}{queue.suffix}"))
+
+
+def close_checkpoint_queue(cfg: PipelineConfig, queue: str, args: ConfigArgs, parent: str | None,
+                           start_waiting: bool = True) -> CheckpointEvaluation | None:
+    """No more checkpoints in this flow run (SFT and RL are done, or one failed): append `{"done": true}`, so a
+    following evaluator finishes; with `start_waiting`, an evaluator placed after training starts now. None when
+    no training stage ran."""
+    ev = _open.pop(queue, None)
+    if ev is None:
+        return None
+    append_jsonl(queue, {"done": True})
+    if start_waiting and ev.placement is not None and ev.placement.when == AFTER_TRAINING:
+        _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, ev.placement)
+    return ev
+
+
 def _trained(cfg: PipelineConfig) -> dict:
     latest = checkpoints.latest_checkpoint(cfg.train.out_dir)
     meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
@@ -247,39 +320,51 @@ def train(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id
     """Launch training; every checkpoint it saves is evaluated concurrently (embedded process or events).
 
     Training itself decides whether to resume (`latest` of the same trajectory) or to start fresh (then it moves
-    the old checkpoints aside); the flow never deletes checkpoints."""
+    the old checkpoints aside); the flow never deletes checkpoints. The queue stays open for RL after it."""
     if cached := _up_to_date("train", cfg, {**_trained(cfg), "eval_mode": "off"}, log_run=False):
         return cached
-    logger = get_run_logger()
-    mode = eval_mode(cfg)
-    env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}
-    if mode != "off":  # the hook reports each checkpoint here; retention keeps it until its evaluation is recorded
-        env[lineage.ENV_CHECKPOINT_QUEUE] = queue
-    if parent:
-        env[lineage.ENV_PARENT_RUN_ID] = parent
-    placement, train_gpus, where = None, None, mode
-    if mode == "events":
-        env[lineage.ENV_CHECKPOINT_EVENTS] = "1"
-        where = f"events: {cfg.orchestration.eval_deployment} on its own work pool"
-    elif mode == "embedded":
-        placement = evaluation_placement(cfg)
-        where = f"embedded: {placement.line()}"
-        if placement.train_gpus:
-            train_gpus = device_ids(placement.train_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if placement.when == CONCURRENT:
-            _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
-    logger.info("per-checkpoint evaluation: %s", where)
+    ev = open_checkpoint_evaluation(cfg, args, parent, flow_run_id, queue)
     hooks = list(cfg.train.checkpoint_hooks)
     extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
-    cmd, launch_env = train_cmd(cfg, args.argv(extra), gpus=train_gpus)
-    try:
-        r = run_stage("train", cmd, env={**launch_env, **env}, on_line=_stream("train"))
-    finally:
-        append_jsonl(queue, {"done": True})
-    if placement is not None and placement.when == AFTER_TRAINING:
-        _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
+    cmd, launch_env = train_cmd(cfg, args.argv(extra), gpus=ev.train_gpus)
+    r = run_stage("train", cmd, env={**launch_env, **ev.env}, on_line=_stream("train"))
     _record("train", cfg)
-    return {**_trained(cfg), "eval_mode": mode, "eval_placement": where, "seconds": r.seconds}
+    return {**_trained(cfg), "eval_mode": ev.mode, "eval_placement": ev.where, "seconds": r.seconds}
+
+
+def _tuned(cfg: PipelineConfig) -> dict:
+    """What the rl stage left: its newest checkpoint (meta: the RL run, the SFT checkpoint it started from) and
+    its summary."""
+    summary = _read_json(Path(cfg.rl.report_dir) / RL_SUMMARY)
+    latest = checkpoints.latest_checkpoint(cfg.rl.out_dir) if Path(cfg.rl.out_dir).is_dir() else None
+    meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
+    return {"enabled": bool(summary.get("enabled", cfg.orchestration.rl)), "out_dir": cfg.rl.out_dir,
+            "latest_checkpoint": str(latest) if latest else None, "rl_run_id": meta.get("mlflow_run_id"),
+            "start_checkpoint": meta.get("parent_checkpoint") or summary.get("parent_checkpoint"),
+            "start_step": meta.get("parent_step", summary.get("parent_step")),
+            "steps": meta.get("step", summary.get("step")), "summary": summary}
+
+
+@_stage_task("rl-grpo")
+def rl(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str, queue: str) -> dict:
+    """The rl stage (`python -m training.rl`): GRPO from an SFT checkpoint; its checkpoints go to the same queue
+    and evaluator as training's. With `orchestration.rl` false the stage still runs (an empty RL root, a summary
+    saying RL is off), so dvc.lock records what ran."""
+    if cached := _up_to_date("rl", cfg, {**_tuned(cfg), "eval_mode": "off"}, log_run=False):
+        return cached
+    env, gpus, ev = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}, None, None
+    if parent:
+        env[lineage.ENV_PARENT_RUN_ID] = parent
+    if cfg.orchestration.rl:
+        ev = open_checkpoint_evaluation(cfg, args, parent, flow_run_id, queue)
+        env, gpus = ev.env, ev.train_gpus
+    hooks = list(cfg.rl.checkpoint_hooks)
+    extra = [f"rl.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
+    cmd, launch_env = rl_cmd(cfg, args.argv(extra), gpus=gpus)
+    r = run_stage("rl", cmd, env={**launch_env, **env}, on_line=_stream("rl"))
+    _record("rl", cfg)
+    return {**_tuned(cfg), "eval_mode": ev.mode if ev else "off", "eval_placement": ev.where if ev else None,
+            "seconds": r.seconds}
 
 
 @task(name="wait-checkpoint-evals")
@@ -371,13 +456,30 @@ def write_report(cfg: PipelineConfig, summary: dict[str, Any]) -> str:
     return str(path.resolve())
 
 
+def rl_line(step: dict[str, Any] | None) -> str:
+    """The report's RL row: the RL run, the SFT checkpoint it started from and how many steps, or why none."""
+    if not step:
+        return "not run"
+    if not step.get("enabled", True):
+        return "off (`orchestration.rl` false): no RL checkpoints"
+    if not step.get("latest_checkpoint"):
+        return "no RL checkpoint"
+    start = step.get("start_checkpoint")
+    at = f" (step {step['start_step']})" if step.get("start_step") is not None else ""
+    return (f"run `{step.get('rl_run_id')}` from `{start}`{at}, {step.get('steps')} steps -> "
+            f"`{step.get('latest_checkpoint')}`")
+
+
 def report_markdown(s: dict[str, Any]) -> str:
     """The pipeline report: lineage and steps from the flow, the evaluation part as the evaluate stage wrote it."""
     lines = ["# Post-training run report", "", "| | |", "| --- | --- |"]
-    placement = s.get("eval_placement") or (s.get("stages") or {}).get("train", {}).get("eval_placement")
+    steps = s.get("stages") or {}
+    placement = s.get("eval_placement") or next(
+        (steps.get(k, {}).get("eval_placement") for k in ("train", "rl") if steps.get(k, {}).get("eval_placement")),
+        None)
     for k in ("flow_run_id", "mlflow_parent_run_id", "git_commit", "config_hash", "source_digest",
-              "data_version", "dvc", "train_run_id", "best_checkpoint", "eval_mode", "seconds"):
-        lines.append(f"| {k} | `{s.get(k)}` |")
+              "data_version", "dvc", "train_run_id", "rl", "best_checkpoint", "eval_mode", "seconds"):
+        lines.append(f"| rl | {rl_line(steps.get('rl'))} |" if k == "rl" else f"| {k} | `{s.get(k)}` |")
         if k == "eval_mode" and placement:
             lines.append(f"| eval_placement | {placement} |")
     if s.get("evaluation_markdown"):

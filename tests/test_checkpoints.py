@@ -74,10 +74,11 @@ def test_older_symlink_pointer_is_read_and_replaced(tmp_path):
 
 
 def test_move_aside_keeps_every_file(tmp_path):
-    root = tmp_path / "checkpoints"
+    root = tmp_path / "checkpoints" / "sft"
     _save(root, 10)
     moved = move_aside(root, "other train settings")
-    assert not root.exists() and moved.name.startswith("checkpoints-superseded-")
+    # beside the root, inside `checkpoints/`, outside the stage's DVC output `checkpoints/sft`
+    assert not root.exists() and moved.name.startswith("sft-superseded-") and moved.parent == root.parent
     assert read_checkpoint_meta(moved / "step-000010")["step"] == 10
     _save(root, 10)
     assert move_aside(root, "again") != moved and moved.is_dir()

@@ -1,5 +1,6 @@
 """Contracts have one home: stages meet only through the shared core (`vtg`), the checkpoint layout is spelled
-only in `vtg/checkpoints.py`, and the best checkpoint is chosen in one place."""
+only in `vtg/checkpoints.py`, the checkpoint roots (`checkpoints/sft`, `checkpoints/rl`) only in the config, and
+the best checkpoint is chosen in one place."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows", "infra", "benchmarks")
 LAYOUT_NAMES = {"meta.json", "hf", "latest", "engine", "best.json"}
 LAYOUT_PATTERN = re.compile(r"^(rank-|step-|\.tmp-step)")
+ROOT_PATTERN = re.compile(r"^(\./)?checkpoints(/|$)")
 
 
 def _modules(*packages: str):
@@ -56,7 +58,23 @@ def test_checkpoint_layout_is_spelled_only_in_the_checkpoint_module():
     assert found == [], "use vtg.checkpoints (paths, pointers, meta) instead of:\n" + "\n".join(found)
 
 
+def _string_constants(tree: ast.AST):
+    for node in ast.walk(tree):
+        for v in node.values if isinstance(node, ast.JoinedStr) else [node]:
+            if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                yield node.lineno, v.value
+
+
+def test_checkpoint_roots_are_config_values_spelled_only_in_the_config():
+    """`train.out_dir` and `rl.out_dir` (dvc.yaml outs `checkpoints/sft`, `checkpoints/rl`): code reads them from
+    the config, so moving a root is one edit (and `python -m vtg.config --write-params`)."""
+    found = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p, tree in _modules(*PACKAGES)
+             if REPO / "vtg" / "config" not in p.parents
+             for line, value in _string_constants(tree) if ROOT_PATTERN.match(value)]
+    assert found == [], "read train.out_dir / rl.out_dir instead of:\n" + "\n".join(found)
+
+
 def test_one_pick_best():
     defs = [f"{p.relative_to(REPO)}" for p, tree in _modules(*PACKAGES) for node in ast.walk(tree)
             if isinstance(node, ast.FunctionDef) and node.name == "pick_best"]
-    assert defs == ["evaluation/registry.py"]
+    assert defs == ["vtg/selection.py"]  # the rule evaluation and RL (start checkpoint) share

@@ -42,13 +42,32 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_shipped_graph_declares_code_deps_and_persistent_checkpoints():
     graph = stages.load_graph(REPO)
-    assert list(graph) == ["corpus", "ingest", "preprocess", "train", "evaluate"]
+    cfg = load_config(REPO / "params.yaml")
+    assert list(graph) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate"]
     assert "vtg/answer.py" in graph["train"].code_paths(REPO) and "training" in graph["train"].code_paths(REPO)
     assert graph["preprocess"].code_paths(REPO) == ("beam_jobs", "vtg/shards.py", "vtg/records.py")
     assert "data/shards" not in graph["train"].code_paths(REPO)
-    assert graph["train"].persist == ("checkpoints",) and "reports/eval/best.json" in graph["evaluate"].outs
-    for name, st in graph.items():  # every params section is a config section
-        assert set(st.params) <= set(load_config(REPO / "params.yaml").model_fields), name
+    assert graph["train"].persist == (cfg.train.out_dir,) == ("checkpoints/sft",)
+    assert graph["rl"].persist == (cfg.rl.out_dir,) == ("checkpoints/rl",)
+    assert graph["rl"].cmd == f"python -m {cfg.orchestration.stages.rl}"
+    assert cfg.train.out_dir in graph["rl"].deps and graph["rl"].params == ("rl", "orchestration.rl")
+    assert {"reports/rl/steps.csv", "reports/rl/summary.json"} <= set(graph["rl"].outs)
+    assert {cfg.train.out_dir, cfg.rl.out_dir} <= set(graph["evaluate"].deps)
+    assert "reports/eval/best.json" in graph["evaluate"].outs
+    assert {"orchestration.rl", "evaluate"} <= set(graph["evaluate"].params)
+    outs = [o for st in graph.values() for o in st.outs]  # no output inside another stage's output
+    assert not [(a, b) for a in outs for b in outs if a != b and Path(b).is_relative_to(a)]
+    made = set()  # every dep is an earlier stage's output or is in the repository (a renamed module breaks repro)
+    for name, st in graph.items():
+        assert [d for d in st.deps if not any(Path(d).is_relative_to(o) for o in made) and not (REPO / d).exists()
+                ] == [], name
+        made |= set(st.outs)
+    for name, st in graph.items():  # every params entry is a config section or a dotted config field
+        for key in st.params:
+            node = cfg
+            for part in key.split("."):
+                assert part in type(node).model_fields, (name, key)
+                node = getattr(node, part)
 
 
 def test_code_digest_follows_the_code_deps(repo: Path):
@@ -91,3 +110,24 @@ def test_record_writes_the_params_the_outputs_were_made_from(repo: Path):
     (repo / "params.yaml").write_text("train:\n  lr: 0.1\n  progress: false\n")
     assert stages.status("train", quiet).up_to_date and stages.sync_params("train", quiet)
     assert "up to date" in _run(repo, DVC, "status").lower() or _run(repo, DVC, "status").strip() == ""
+
+
+def test_a_dotted_param_is_one_field_compared_and_recorded_like_a_section(repo: Path):
+    (repo / "params.yaml").write_text("train:\n  lr: 0.1\norchestration:\n  rl: true\n  task_retries: 2\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": {
+        "cmd": STAGE_CMD, "deps": ["code"], "params": ["train", "orchestration.rl"], "outs": ["ckpt"]}}}))
+    _run(repo, DVC, "repro", "-q")
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]["params.yaml"]
+    assert lock["orchestration.rl"] is True and "orchestration" not in lock  # DVC records the dotted key itself
+    assert stages.status("train", load_config("params.yaml")).up_to_date
+    # another field of the same section is not the stage's param
+    assert stages.status("train", load_config("params.yaml", None, ["orchestration.task_retries=0"])).up_to_date
+    off = load_config("params.yaml", None, ["orchestration.rl=false"])
+    st = stages.status("train", off)
+    assert not st.up_to_date and st.reasons == ["param orchestration.rl changed"]
+    stages.record("train", off)  # the flow ran with the override: the lock says what ran
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train"]["params"]["params.yaml"]
+    assert lock["orchestration.rl"] is False and lock["train"]["lr"] == 0.1
+    assert stages.status("train", off).up_to_date and not stages.status("train", load_config("params.yaml")).up_to_date
+    assert "orchestration.rl" in _run(repo, DVC, "status", "train")  # DVC reads the same lock entry
+    assert not stages.sync_params("train", off)  # already what ran: nothing to rewrite

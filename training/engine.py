@@ -1,6 +1,6 @@
 """Two engines behind one small interface: DeepSpeed ZeRO 0-3 (default) and PyTorch FSDP2 (`fully_shard`).
 
-The loop calls: forward(inputs) -> loss, backward(loss), step() -> True on an optimizer step, grad_norm(),
+The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss), step() -> True on an optimizer step, grad_norm(),
 lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0) for the HF export.
 """
 
@@ -38,6 +38,10 @@ class DeepSpeedEngine:
 
     def forward(self, inputs: dict) -> torch.Tensor:
         return self.engine(**inputs).loss
+
+    def outputs(self, inputs: dict):
+        """The model's full output (logits) through the engine (ZeRO-3 gathers parameters on the way)."""
+        return self.engine(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -104,6 +108,9 @@ class FSDPEngine:
 
     def forward(self, inputs: dict) -> torch.Tensor:
         return self.model(**inputs).loss
+
+    def outputs(self, inputs: dict):
+        return self.model(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.grad_accum).backward()

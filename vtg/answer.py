@@ -39,14 +39,10 @@ def _to_seconds(token: str) -> float | None:
     return value
 
 
-def parse_answer(text: str) -> tuple[float, float] | None:
-    """Parse a model answer into (start, end) seconds; `None` when no span can be read.
+def read_span(text: str) -> tuple[float, float] | None:
+    """The earliest span in `text` as written (start, end), a reversed pair left reversed; `None` if none.
 
-    Accepts the canonical format and common variants: `from X to Y`, `between X and Y`, `start X end Y`,
-    `[X, Y]`, `X - Y s`, `X to Y seconds`, `mm:ss`, `hh:mm:ss.ff`. The earliest span in the text wins (a model
-    that keeps generating after its answer is still read correctly). A reversed pair is swapped; a
-    zero-length span is kept (it scores IoU 0 against any real moment).
-    """
+    RL's reward uses this to score an inverted answer 0; evaluation reads answers with `parse_answer`."""
     if not isinstance(text, str):
         return None
     matches = [m for p in _PATTERNS if (m := p.search(text))]
@@ -56,4 +52,16 @@ def parse_answer(text: str) -> tuple[float, float] | None:
     a, b = _to_seconds(m.group(1)), _to_seconds(m.group(2))
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return None
-    return (min(a, b), max(a, b))
+    return (a, b)
+
+
+def parse_answer(text: str) -> tuple[float, float] | None:
+    """Parse a model answer into (start, end) seconds; `None` when no span can be read.
+
+    Accepts the canonical format and common variants: `from X to Y`, `between X and Y`, `start X end Y`,
+    `[X, Y]`, `X - Y s`, `X to Y seconds`, `mm:ss`, `hh:mm:ss.ff`. The earliest span in the text wins (a model
+    that keeps generating after its answer is still read correctly). A reversed pair is swapped; a
+    zero-length span is kept (it scores IoU 0 against any real moment).
+    """
+    span = read_span(text)
+    return None if span is None else (min(span), max(span))

@@ -1,8 +1,9 @@
 """Checkpoint directory contract (DESIGN.md §3): self-describing, atomic, resumable. The one home of its layout.
 
-Layout under the checkpoint root (`train.out_dir`, default `checkpoints/`)::
+Layout under a checkpoint root (`train.out_dir`, default `checkpoints/sft/`; RL's `rl.out_dir`, default
+`checkpoints/rl/`, is the same, its meta.json adding `stage: rl`, `parent_checkpoint`, `parent_step`)::
 
-    checkpoints/
+    checkpoints/sft/
       step-000200/
         hf/            save_pretrained export + tokenizer: full weights (safetensors), or the adapter only for
                        LoRA (`adapter_config.json` names the base). This is what evaluation/serving load, via

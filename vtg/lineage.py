@@ -21,6 +21,7 @@ TAG_PREFECT_FLOW_RUN = "vtg.prefect_flow_run_id"
 TAG_TRAIN_RUN = "vtg.train_run_id"  # on eval runs: the training run they evaluate
 TAG_CHECKPOINT = "vtg.checkpoint"  # checkpoint path
 TAG_STEP = "vtg.step"
+TAG_PARENT_CHECKPOINT = "vtg.parent_checkpoint"  # on RL runs: the SFT checkpoint RL started from
 
 # Set by the orchestrator so that stage processes open their MLflow runs as children of the pipeline run.
 ENV_PARENT_RUN_ID = "VTG_MLFLOW_PARENT_RUN_ID"

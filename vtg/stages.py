@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from vtg.config._base import output_view
+from vtg.config._base import MARK, output_view
 from vtg.errors import VTGError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class Stage:
     cmd: str
     deps: tuple[str, ...]
     params: tuple[str, ...]
-    """Config sections (top-level keys of params.yaml) the stage reads."""
+    """Params the stage reads: config sections (top-level keys of params.yaml, `train`) or dotted paths to a
+    nested section or one field (`orchestration.rl`), as DVC records them in dvc.lock."""
     outs: tuple[str, ...]
     """Every output path: outs, metrics and plots."""
     persist: tuple[str, ...] = ()
@@ -133,16 +135,71 @@ def _read_lock(root: Path) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
+def _owner(cfg, key: str) -> tuple[BaseModel, str]:
+    """(the config object holding the last part of `key`, that part): `train` -> (cfg, "train"),
+    `orchestration.rl` -> (cfg.orchestration, "rl")."""
+    *parents, leaf = key.split(".")
+    owner = cfg
+    for part in parents:
+        owner = getattr(owner, part)
+    if leaf not in type(owner).model_fields:
+        raise VTGError(f"{DVC_FILE}: param {key!r} is not a config field")
+    return owner, leaf
+
+
+def _view_of(owner: BaseModel, leaf: str) -> Any:
+    """The output view of one entry: a section's `output_view`, a field's JSON value, None for a `NOT_OUTPUT`
+    field (it never counts)."""
+    value = getattr(owner, leaf)
+    if isinstance(value, BaseModel):
+        return output_view(value)
+    extra = type(owner).model_fields[leaf].json_schema_extra
+    if isinstance(extra, dict) and extra.get(MARK) == "none":
+        return None
+    return _field_json(owner, leaf)
+
+
+def _field_json(owner: BaseModel, leaf: str) -> Any:
+    return owner.__pydantic_serializer__.to_python(owner, mode="json", include={leaf})[leaf]
+
+
+def _current_views(cfg, names: tuple[str, ...]) -> dict[str, Any]:
+    """`output_view` of each of the stage's params entries in the resolved config."""
+    return {name: _view_of(*_owner(cfg, name)) for name in names}
+
+
 def _section_views(sections: dict[str, Any], cfg, names: tuple[str, ...]) -> dict[str, Any]:
-    """`output_view` of each named section, from raw dicts validated into cfg's section classes."""
+    """`output_view` of each params entry (a section or a dotted field), from raw values validated into cfg's
+    classes (a recorded value that no longer validates reads as None: changed)."""
     out = {}
     for name in names:
-        cls = type(getattr(cfg, name))
+        owner, leaf = _owner(cfg, name)
+        raw = sections.get(name)
         try:
-            out[name] = output_view(cls.model_validate(sections.get(name) or {}))
+            if isinstance(getattr(owner, leaf), BaseModel):
+                out[name] = output_view(type(getattr(owner, leaf)).model_validate(raw or {}))
+            else:
+                probe = owner.model_copy()
+                setattr(probe, leaf, raw)  # validated (validate_assignment)
+                out[name] = _view_of(probe, leaf)
         except ValueError:
             out[name] = None  # recorded params no longer validate: treat as changed
     return out
+
+
+def _raw(data: dict, key: str) -> Any:
+    """params.yaml's value at a section or dotted key (None when absent)."""
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _dumped(cfg, key: str) -> Any:
+    """The resolved config's value at a params entry, as params.yaml would hold it."""
+    owner, leaf = _owner(cfg, key)
+    value = getattr(owner, leaf)
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else _field_json(owner, leaf)
 
 
 def _diff(a: Any, b: Any, prefix: str) -> list[str]:
@@ -183,7 +240,7 @@ def status(name: str, cfg, root: str | Path = ".") -> StageStatus:
     if missing:
         return StageStatus(name, False, [f"output missing: {', '.join(missing)}"])
     recorded = _section_views((entry.get("params") or {}).get(PARAMS_FILE) or {}, cfg, st.params)
-    now = {s: output_view(getattr(cfg, s)) for s in st.params}
+    now = _current_views(cfg, st.params)
     reasons = [f"param {k} changed" for k in _diff(recorded, now, "")] if recorded != now else []
     reasons = [r.replace("param .", "param ") for r in reasons] + _dvc_changes(root, name)
     return StageStatus(name, not reasons, reasons)
@@ -212,9 +269,9 @@ def sync_params(name: str, cfg, root: str | Path = ".") -> bool:
         return False
     st = stage(name, root)
     params_yaml = yaml.safe_load((root / PARAMS_FILE).read_text()) or {}
-    from_file = {s: params_yaml.get(s) for s in st.params}
-    same = _section_views(from_file, cfg, st.params) == {s: output_view(getattr(cfg, s)) for s in st.params}
-    want = from_file if same else {s: getattr(cfg, s).model_dump(mode="json") for s in st.params}
+    from_file = {s: _raw(params_yaml, s) for s in st.params}
+    same = _section_views(from_file, cfg, st.params) == _current_views(cfg, st.params)
+    want = from_file if same else {s: _dumped(cfg, s) for s in st.params}
     recorded = (entry.get("params") or {}).get(PARAMS_FILE)
     if recorded == want:
         return False

@@ -50,7 +50,7 @@ def write_fixture_shards(root: Path) -> Path:
 
 
 def _examples(shards: Path, split: str):
-    from evaluation.data import ReadStats, iter_examples
+    from vtg.queries import ReadStats, iter_examples
 
     return list(iter_examples([str(shards / split / "shard-000000.tar")], ReadStats()))
 
@@ -78,8 +78,10 @@ def train_briefly(model_dir: Path, shards: Path, steps: int, seed: int = 0) -> N
     model.save_pretrained(model_dir)
 
 
-def make_checkpoint(root: Path, step: int, shards: Path, train_steps: int, run_id: str = "") -> Path:
-    """A checkpoint dir honouring training's contract (temp dir -> finalize: meta last, `latest` moved)."""
+def make_checkpoint(root: Path, step: int, shards: Path, train_steps: int, run_id: str = "",
+                    extra_meta: dict | None = None) -> Path:
+    """A checkpoint dir honouring training's contract (temp dir -> finalize: meta last, `latest` moved);
+    `extra_meta` e.g. `{"stage": "rl", "parent_checkpoint": ..., "parent_step": ...}` for an RL checkpoint."""
     import shutil
 
     from vtg.checkpoints import HF_DIR, finalize, temp_dir_for
@@ -90,5 +92,5 @@ def make_checkpoint(root: Path, step: int, shards: Path, train_steps: int, run_i
     if train_steps:
         train_briefly(tmp / HF_DIR, shards, train_steps)
     meta = {"step": step, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
-            "finetune": "full", "base": "tiny", "mlflow_run_id": run_id}
+            "finetune": "full", "base": "tiny", "mlflow_run_id": run_id, **(extra_meta or {})}
     return finalize(root, step, meta, {"fixture": True}, keep_last=10)

@@ -38,7 +38,7 @@ def env(tmp_path_factory, shards_dir):
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient(uri)
     train_run = client.create_run(client.create_experiment("train-test")).info.run_id
-    root = tmp / "checkpoints"
+    root = tmp / "checkpoints" / "sft"
     ckpts = [make_checkpoint(root, 0, shards_dir, 0, train_run), make_checkpoint(root, 30, shards_dir, 30, train_run)]
     return {"cfg": cfg, "client": client, "train_run": train_run, "root": root, "ckpts": ckpts, "tmp": tmp}
 

@@ -4,7 +4,7 @@ import tarfile
 
 from eval_fixtures import make_sample, write_fixture_shards
 
-from evaluation.data import ReadStats, iter_examples, iter_spans
+from vtg.queries import ReadStats, iter_examples, iter_spans
 from vtg.shards import write_shard
 
 

@@ -19,12 +19,15 @@ STANDIN_OVERRIDES = [
     "orchestration.stages.ingest=standin_stages.ingest",
     "orchestration.stages.preprocess=standin_stages.preprocess",
     "orchestration.stages.train=standin_stages.train",
+    "orchestration.stages.rl=standin_stages.rl",
     "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint",
     "orchestration.stages.evaluate=standin_stages.evaluate_cli",
     "corpus.n_videos=10",
     "train.max_steps=6",
     "train.save_every=2",
     "train.keep_last=10",
+    "rl.max_steps=2",
+    "rl.save_every=1",
     "orchestration.task_retries=0",
 ]
 
@@ -65,13 +68,14 @@ STAGE_MODULES = {  # module name in dvc.yaml -> stand-in it runs here
     "beam_jobs/__main__.py": None,
     "beam_jobs/preprocess.py": "standin_stages.preprocess",
     "training/__main__.py": "standin_stages.train",
+    "training/rl/__main__.py": "standin_stages.rl",
     "evaluation/__main__.py": "standin_stages.evaluate_cli",
 }
 
 
 def shadow_stages(workdir: Path) -> None:
     """Packages with the real stage names in the repo dir (first on sys.path for `python -m`)."""
-    shutil.copytree(REPO / "vtg", workdir / "vtg", ignore=shutil.ignore_patterns("__pycache__", "corpus", "ingest"))
+    shutil.copytree(REPO / "vtg", workdir / "vtg", ignore=shutil.ignore_patterns("__pycache__", ".cache", "corpus", "ingest"))
     for rel, target in STAGE_MODULES.items():
         path = workdir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,8 @@ TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipelin
     "train.max_steps": 4, "train.save_every": 2, "train.micro_batch_size": 4, "train.data.num_workers": 0,
     "train.data.sanity_examples": 4, "train.progress": False, "evaluate.max_examples": 6,
     "evaluate.baselines": ["prior"], "orchestration.task_retries": 0,
+    "rl.max_steps": 2, "rl.queries_per_step": 2, "rl.group_size": 2, "rl.save_every": 1, "rl.max_queries": 8,
+    "rl.micro_batch_size": 4, "rl.kl_every": 1, "rl.progress": False,
 }
 
 
@@ -126,7 +132,7 @@ def real_project(workdir: Path) -> Path:
     params.yaml at the tiny scale, committed, as a user's clone would be."""
     make_project(workdir)
     for pkg in CODE:
-        shutil.copytree(REPO / pkg, workdir / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / pkg, workdir / pkg, ignore=shutil.ignore_patterns("__pycache__", ".cache"))
     shutil.copy(REPO / ".dvcignore", workdir / ".dvcignore")
     set_params(workdir, **TINY_REAL)
     git(workdir, "add", "-A")
@@ -134,6 +140,7 @@ def real_project(workdir: Path) -> Path:
     return workdir
 
 
-def outputs_with_symlinks(workdir: Path, roots: tuple[str, ...] = ("data", "checkpoints", "reports/eval")) -> list[str]:
+def outputs_with_symlinks(workdir: Path, roots: tuple[str, ...] = ("data", "checkpoints", "reports/eval", "reports/rl"),
+                          ) -> list[str]:
     return [str(p.relative_to(workdir)) for r in roots if (workdir / r).exists()
             for p in (workdir / r).rglob("*") if p.is_symlink()]

@@ -19,21 +19,23 @@ def dvc(workdir: Path, *args: str) -> str:
 @pytest.mark.slow
 def test_repro_noop_then_selective_rerun_and_exp_run(project: Path):
     shadow_stages(project)
-    set_params(project, **{"corpus.n_videos": 6, "train.max_steps": 4, "train.save_every": 2,
+    set_params(project, **{"corpus.n_videos": 6, "train.max_steps": 4, "train.save_every": 2, "rl.max_steps": 2,
                            "orchestration.stages.evaluate_api": "standin_stages.evaluation:evaluate_checkpoint"})
     git(project, "add", "-A")
     git(project, "commit", "-qm", "pipeline")
 
     dvc(project, "repro")
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
     assert (project / "dvc.lock").is_file() and (project / "reports/eval/metrics.json").is_file()
 
     out = dvc(project, "repro")  # nothing changed: nothing runs
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
     assert "up to date" in out.lower()
 
-    dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train + evaluate rerun, nothing else
-    assert stage_calls(project)[5:] == ["train", "evaluate-cli"]
+    dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train, rl, evaluate rerun, nothing else
+    assert stage_calls(project)[6:] == ["train", "rl", "evaluate-cli"]
+    dvc(project, "exp", "run", "-S", "orchestration.rl=false")  # SFT only: rl (an empty root) and evaluate rerun
+    assert stage_calls(project)[9:] == ["rl", "evaluate-cli"]
     assert "0.0005" in dvc(project, "exp", "show", "--no-pager", "--csv")
 
     dvc(project, "push")  # the local remote of .dvc/config (a folder beside the repo's data)

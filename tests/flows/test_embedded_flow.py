@@ -1,6 +1,7 @@
 """The embedded default (`python -m flows`, ephemeral Prefect API) on tiny stand-in stages: a failure injected
-after preprocessing, `prefect flow-run retry`, finished steps not redone; per-checkpoint evaluation in a separate
-process while training runs; shards versioned with DVC; the lineage chain of the resulting checkpoint."""
+after preprocessing, `prefect flow-run retry`, finished steps not redone; SFT -> RL -> evaluation, every SFT and
+RL checkpoint evaluated in a separate process while they run; shards versioned with DVC; the lineage chains of
+the resulting SFT and RL checkpoints back to the raw data."""
 
 from __future__ import annotations
 
@@ -51,30 +52,48 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     flag.unlink()
     second = run([str(BIN / "prefect"), *retry_cmd[1:]], project, env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    # nothing before `train` again: dvc.lock records them as done (the evaluate stage runs after training)
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "evaluate-cli"]
+    # nothing before `train` again: dvc.lock records them as done; SFT, then RL, then the evaluate stage
+    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
     log = second.stdout + second.stderr
     assert log.count("Cached('up to date (dvc.lock)'") == 3
 
     report = (project / "reports/pipeline_report.md").read_text()
     assert "eval_mode | `embedded`" in report and "Held-out test metrics" in report
+    sft_root, rl_root = (project / "checkpoints/sft").resolve(), (project / "checkpoints/rl").resolve()
+    assert "| rl | run `" in report and "from `" in report and "2 steps -> `" in report
     evals = read_jsonl(project / "reports/orchestration/checkpoint_evals.jsonl")
     val = [e for e in evals if e["split"] == "val"]
-    assert [e["step"] for e in val] == [2, 4, 6, 8]
-    assert all(e["metrics"]["r1@0.5"] > 0 for e in val)
-    saved = {e["step"]: e["saved_at"] for e in val}
-    assert val[0]["started_at"] < saved[8], "evaluation of the first checkpoint did not overlap training"
+    sft = [e for e in val if Path(e["checkpoint_dir"]).parent == sft_root]
+    rl = [e for e in val if Path(e["checkpoint_dir"]).parent == rl_root]
+    assert [e["step"] for e in sft] == [2, 4, 6, 8] and [e["step"] for e in rl] == [1, 2]  # one evaluator, both
+    assert all(e["metrics"]["r1@0.5"] > 0 for e in val) and len(val) == 6
+    saved = {e["step"]: e["saved_at"] for e in sft}
+    assert sft[0]["started_at"] < saved[8], "evaluation of the first checkpoint did not overlap training"
+    assert max(e["saved_at"] for e in sft) < min(e["saved_at"] for e in rl)  # RL after SFT
+    best = json.loads((project / "reports/eval/best.json").read_text())  # the evaluate stage saw both roots
+    assert best["checkpoint"].startswith("../../checkpoints/rl/")
 
     lock = (project / "dvc.lock").read_text()  # shards committed to dvc.lock and pushed to the local remote
     assert "data/shards" in lock and any((project / "dvc_remote").rglob("*"))
 
-    lineage = run([PY, "-m", "flows.lineage", "checkpoints/latest", "--json"], project, env, timeout=120)
+    lineage = run([PY, "-m", "flows.lineage", "checkpoints/sft/latest", "--json"], project, env, timeout=120)
     assert lineage.returncode == 0, lineage.stderr
     chain = json.loads(lineage.stdout)
     assert chain["source_digest"] and chain["shard_digest"] and chain["dvc_md5"] not in (None, "-")
     assert chain["train_run"] and chain["train_params"]["lr"] == "0.003" and chain["step"] == 8
     assert chain["flow_run"] in first.stderr and chain["preprocess"]["preprocess.num_frames"]
-    assert {e["split"] for e in chain["evals"]} >= {"val", "test"}
+    assert {e["split"] for e in chain["evals"]} == {"val"} and chain["stage"] == "sft"
+    # An RL checkpoint: its RL run and evaluations, then its SFT parent, on to the data version and the raw data.
+    lineage = run([PY, "-m", "flows.lineage", "reports/eval/best.json", "--json"], project, env, timeout=120)
+    assert lineage.returncode == 0, lineage.stderr
+    rl_chain = json.loads(lineage.stdout)
+    assert rl_chain["stage"] == "rl" and rl_chain["step"] == 2 and rl_chain["rl_run"]
+    assert Path(rl_chain["parent_checkpoint"]).resolve() == sft_root / "step-000008" and rl_chain["parent_step"] == 8
+    for key in ("source_digest", "shard_digest", "dvc_md5", "train_run", "train_params", "flow_run", "preprocess"):
+        assert rl_chain[key] == chain[key], key
+    assert {e["split"] for e in rl_chain["evals"]} == {"val", "test"}  # the best: evaluated on test too
+    text = run([PY, "-m", "flows.lineage", "checkpoints/rl/latest"], project, env, timeout=120).stdout
+    assert f"-> SFT checkpoint {rl_chain['parent_checkpoint']}  step 8" in text and chain["source_digest"] in text
 
     # A code dependency dvc.yaml lists (the answer format) changed: the flow reruns exactly the stages that
     # depend on it, as `dvc repro` would; a second run then skips everything.
@@ -83,7 +102,7 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     before = len(stage_calls(project))
     third = run([PY, "-m", "flows", *overrides], project, env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert stage_calls(project)[before:] == ["train", "evaluate-cli"]
+    assert stage_calls(project)[before:] == ["train", "rl", "evaluate-cli"]
     fourth = run([PY, "-m", "flows", *overrides], project, env)
-    assert fourth.returncode == 0 and stage_calls(project)[before:] == ["train", "evaluate-cli"]
-    assert (fourth.stdout + fourth.stderr).count("Cached('up to date (dvc.lock)'") == 5
+    assert fourth.returncode == 0 and stage_calls(project)[before:] == ["train", "rl", "evaluate-cli"]
+    assert (fourth.stdout + fourth.stderr).count("Cached('up to date (dvc.lock)'") == 6

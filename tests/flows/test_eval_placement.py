@@ -1,6 +1,7 @@
-"""The orchestrator applies the evaluation placement (vtg/placement.py): the train task's evaluator process
-(its CUDA_VISIBLE_DEVICES, `--device`, started before or after training) and the training command (never on the
-evaluation GPU). The task body runs for real; the processes it would start are recorded instead."""
+"""The orchestrator applies the evaluation placement (vtg/placement.py): the evaluator process of the training
+stages (its CUDA_VISIBLE_DEVICES, `--device`, started before SFT or after SFT and RL) and the SFT and RL commands
+(never on the evaluation GPU); RL reports into the same queue and evaluator as SFT. The task bodies run for real;
+the processes they would start are recorded instead."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+from prefect.states import Completed
 
 from flows import stages, tasks
 from flows.stages import ConfigArgs, train_cmd
@@ -48,15 +50,17 @@ class Started:
 
 @pytest.fixture
 def run_train(tmp_path, monkeypatch):
-    """`run_train(n_gpus, *overrides, visible=None)`: the train task with `n_gpus` visible -> (Started, result)."""
+    """`run_train(n_gpus, *overrides, visible=None, rl=False, train_cached=False)`: the train task (then the rl
+    task with `rl`), then the queue closed as the flow does, with `n_gpus` visible -> (Started, result of the last
+    task that ran). `train_cached`: dvc.lock says SFT is done (only RL runs)."""
     monkeypatch.setattr(tasks, "get_run_logger", lambda: logging.getLogger("test"))
-    monkeypatch.setattr(tasks, "_up_to_date", lambda *a, **k: None)
     monkeypatch.setattr(tasks, "_record", lambda *a, **k: None)
     monkeypatch.setattr(stages, "DEEPSPEED_HOSTFILE", str(tmp_path / "no-hostfile"))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     tasks._evaluators.clear()
+    tasks._open.clear()
 
-    def run(n_gpus: int, *overrides: str, visible: str | None = None):
+    def run(n_gpus: int, *overrides: str, visible: str | None = None, rl: bool = False, train_cached: bool = False):
         if visible is None:
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
@@ -65,15 +69,25 @@ def run_train(tmp_path, monkeypatch):
         monkeypatch.setattr(tasks, "run_stage", started.run_stage)
         monkeypatch.setattr(tasks.subprocess, "Popen", started.popen)
         monkeypatch.setattr(tasks, "visible_gpus", lambda: n_gpus)
+        monkeypatch.setattr(tasks, "_up_to_date", lambda stage, cfg, result, *a, **k: Completed(data=result) if (
+            train_cached and stage == "train") else None)
         cfg = load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'ck'}",
+                                                       f"rl.out_dir={tmp_path / 'rl'}",
+                                                       f"rl.report_dir={tmp_path / 'reports-rl'}",
                                                        f"orchestration.state_dir={tmp_path / 'state'}",
                                                        "orchestration.eval_trigger=embedded", *overrides])
         queue = tmp_path / "queue.jsonl"
+        queue.unlink(missing_ok=True)
         result = tasks.train.fn(cfg, ConfigArgs(), None, "flow-1", str(queue))
+        if rl:
+            result = tasks.rl.fn(cfg, ConfigArgs(), None, "flow-1", str(queue))
+        assert not queue.exists() or '"done"' not in queue.read_text()  # open until the last training stage
+        tasks.close_checkpoint_queue(cfg, str(queue), ConfigArgs(), None)
         return started, result
 
     yield run
     tasks._evaluators.clear()
+    tasks._open.clear()
 
 
 def test_free_gpu_evaluates_concurrently_and_deepspeed_trains_on_the_others(run_train):
@@ -156,3 +170,36 @@ def test_train_cmd_rejects_a_gpu_list_that_does_not_match_the_ranks():
     cfg = load_config(REPO / "params.yaml", None, ["train.num_gpus=2"])
     with pytest.raises(Exception, match=r"2 rank\(s\)"):
         train_cmd(cfg, ConfigArgs().argv(), gpus=["0"])
+
+
+def test_rl_reports_into_the_same_queue_and_evaluator_as_training(run_train, tmp_path):
+    started, result = run_train(0, rl=True)  # CPU: one evaluator beside SFT, still there for RL
+    assert started.order == ["evaluator", "train", "rl"]
+    (_, train_env), (rl_argv, rl_env) = started.one("train"), started.one("rl")
+    for key in (lineage.ENV_CHECKPOINT_QUEUE, lineage.ENV_PREFECT_FLOW_RUN_ID):
+        assert rl_env[key] == train_env[key]
+    assert rl_argv[rl_argv.index("-m") + 1] == "training.rl"
+    assert f"rl.checkpoint_hooks=[\"{tasks.HOOK}\"]" in rl_argv and rl_argv[rl_argv.index("--params") + 1]
+    assert result["eval_mode"] == "embedded" and "evaluation on cpu, concurrent" in result["eval_placement"]
+    assert tasks.follow_all(tmp_path / "queue.jsonl") == [] and '"done"' in (tmp_path / "queue.jsonl").read_text()
+
+
+def test_evaluation_after_training_waits_for_rl_too_and_rl_stays_off_the_evaluation_gpu(run_train):
+    started, _ = run_train(8, QWEN, "train.num_gpus=8", "orchestration.train_launcher=deepspeed", rl=True)
+    assert started.order == ["train", "rl", "evaluator"]  # the evaluator takes a training GPU: after both
+    started, _ = run_train(8, QWEN, "train.num_gpus=7", "orchestration.train_launcher=deepspeed", rl=True)
+    assert started.order == ["evaluator", "train", "rl"]
+    rl_argv, _ = started.one("rl")  # the same launcher, rl.num_gpus=1: the first training GPU, not the evaluator's 7
+    assert "--include=localhost:0" in rl_argv and rl_argv[rl_argv.index("--module") + 1] == "training.rl"
+
+
+def test_rl_starts_the_evaluator_when_training_was_up_to_date(run_train):
+    started, result = run_train(0, rl=True, train_cached=True)
+    assert started.order == ["evaluator", "rl"] and result["eval_mode"] == "embedded"
+    assert started.one("rl")[1][lineage.ENV_CHECKPOINT_QUEUE]
+
+
+def test_rl_off_still_runs_the_stage_without_an_evaluator(run_train):
+    started, result = run_train(0, "orchestration.rl=false", rl=True, train_cached=True)
+    assert started.order == ["rl"] and result["eval_mode"] == "off" and result["enabled"] is False
+    assert lineage.ENV_CHECKPOINT_QUEUE not in started.one("rl")[1]

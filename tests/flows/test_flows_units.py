@@ -80,3 +80,70 @@ def test_report_has_lineage_the_evaluation_part_and_every_step():
                                      "ingest": {"status": "up to date", "mlflow_run_id": None}}})
     assert "| data_version | `dv1` |" in md and "| r1@0.5 | 0.9000 | 0.3000 |" in md
     assert "| train | ran | 12.0 | 0.0 | r |" in md and "| ingest | up to date | 0.0 | 0.0 | - |" in md
+
+
+def test_report_says_where_rl_started_and_how_far_it_went():
+    rl = {"enabled": True, "rl_run_id": "r9", "start_checkpoint": "checkpoints/sft/step-000004", "start_step": 4,
+          "steps": 2, "latest_checkpoint": "checkpoints/rl/step-000002", "seconds": 3.0}
+    md = report_markdown({"stages": {"rl": rl}})
+    assert ("| rl | run `r9` from `checkpoints/sft/step-000004` (step 4), 2 steps -> `checkpoints/rl/step-000002` |"
+            in md) and "| rl | ran | 3.0 |" in md
+    assert "| rl | off (`orchestration.rl` false)" in report_markdown({"stages": {"rl": {"enabled": False}}})
+    assert "| rl | not run |" in report_markdown({})
+
+
+def test_the_rl_parameter_of_the_flow_and_the_deployment_is_an_override_dvc_lock_records():
+    import inspect
+
+    from flows.deployments import build_deployments
+    from flows.pipeline import post_training, rl_override
+
+    assert rl_override(None) == [] and rl_override(True) == ["orchestration.rl=true"]
+    assert load_config(REPO / "params.yaml", None, rl_override(False)).orchestration.rl is False
+    assert inspect.signature(post_training.fn).parameters["rl"].default is None
+    pipeline, _ = build_deployments(str(REPO / "params.yaml"), None, [], rl=False)
+    assert pipeline.parameters["rl"] is False  # `prefect deployment run ... -p rl=true` overrides it
+
+
+def test_lineage_follows_an_rl_checkpoint_to_its_sft_parent_and_without_it_to_the_pipeline_run(tmp_path: Path):
+    import mlflow
+
+    from flows.lineage import build_chain, render
+    from vtg import checkpoints as ck
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    c = mlflow.MlflowClient(uri)
+    exp = c.create_experiment("lineage")
+    pipeline = c.create_run(exp, tags={lineage.TAG_STAGE: "pipeline", lineage.TAG_SOURCE_DIGEST: "src1",
+                                       lineage.TAG_DATA_VERSION: "dv1", lineage.TAG_PREFECT_FLOW_RUN: "flow1"}).info
+    child = {"mlflow.parentRunId": pipeline.run_id}
+    train = c.create_run(exp, tags={lineage.TAG_STAGE: "train", lineage.TAG_DATA_VERSION: "dv1", **child}).info
+    c.log_param(train.run_id, "train.lr", "0.003")
+
+    def save(root: Path, step: int, **meta) -> Path:
+        ck.export_dir(ck.temp_dir_for(root, step)).mkdir(parents=True)
+        (ck.export_dir(ck.temp_dir_for(root, step)) / "model.safetensors").write_bytes(b"w")
+        base = {"data_version": "dv1", "git_commit": "g", "config_hash": "h", "finetune": "full", "base": "tiny"}
+        return ck.finalize(root, step, {**base, **meta}, {}, keep_last=5)
+
+    sft = save(tmp_path / "checkpoints/sft", 4, mlflow_run_id=train.run_id)
+    rl = c.create_run(exp, tags={lineage.TAG_STAGE: "rl", lineage.TAG_PARENT_CHECKPOINT: str(sft), **child}).info
+    c.log_param(rl.run_id, "rl.group_size", "8")
+    rl_ckpt = save(tmp_path / "checkpoints/rl", 2, stage="rl", parent_checkpoint=str(sft), parent_step=4,
+                   mlflow_run_id=rl.run_id)
+    ev = c.create_run(exp, tags={lineage.TAG_STAGE: "evaluate", lineage.TAG_TRAIN_RUN: rl.run_id, "vtg.split": "val",
+                                 lineage.TAG_STEP: "2", lineage.TAG_CHECKPOINT: str(rl_ckpt)}).info
+    c.log_metric(ev.run_id, "eval/val/r1_at_0.5", 0.75)
+
+    for target in (str(rl_ckpt), ev.run_id, rl.run_id):  # the checkpoint, its eval run, the RL run
+        ch = build_chain(c, exp, target)
+        assert (ch.stage, ch.rl_run, ch.parent_checkpoint, ch.parent_step) == ("rl", rl.run_id, str(sft), 4), target
+        assert (ch.train_run, ch.train_params, ch.source_digest, ch.shard_digest, ch.flow_run) == (
+            train.run_id, {"train.lr": "0.003"}, "src1", "dv1", "flow1"), target
+        assert ch.rl_params == {"rl.group_size": "8"} and ch.evals[0]["metrics"] == {"r1_at_0.5": 0.75}
+    assert f"-> SFT checkpoint {sft}  step 4" in render(ch) and "-> RL checkpoint" in render(ch)
+    # the SFT parent was pruned since: the RL run's own tags and pipeline run still reach the raw data
+    ck.move_aside(sft.parent, "test")
+    ch = build_chain(c, exp, str(rl_ckpt))
+    assert (ch.parent_checkpoint, ch.source_digest, ch.shard_digest, ch.pipeline_run) == (
+        str(sft), "src1", "dv1", pipeline.run_id) and ch.train_run is None

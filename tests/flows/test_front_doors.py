@@ -5,7 +5,10 @@
   skips every stage;
 - `python -m flows` (what `make run` runs) in another clone: `dvc status` is clean afterwards and `dvc repro` runs
   nothing; both clones hold the same `reports/eval/metrics.json` content and one data version;
-- raising `train.max_steps` resumes in the DVC door; a trajectory change moves the old checkpoints aside.
+- raising `train.max_steps` resumes in the DVC door; a trajectory change moves the old checkpoints aside;
+  with `orchestration.rl=false` the rl stage still runs (its summary says RL is off) and the best is an SFT
+  checkpoint.
+The stages include RL (2 GRPO steps of 2 queries x 2 answers, a checkpoint each) between SFT and evaluation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import yaml
 from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, set_params
 
-STAGES = ["corpus", "ingest", "preprocess", "train", "evaluate"]
+STAGES = ["corpus", "ingest", "preprocess", "train", "rl", "evaluate"]
 
 
 def sh(cmd: list[str], cwd: Path, timeout: float = 900) -> str:
@@ -42,24 +45,31 @@ def lock_outs(cwd: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # 6 real stages in 2 clones + 2 reruns: 896 s on 2 cores shared with other jobs (load ~4)
 def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: Path):
     # Door 1, `dvc repro`: twice (the second runs nothing), `dvc checkout`, again: nothing runs, nothing breaks.
     p = real_project(tmp_path / "repro")
     first = dvc(p, "repro")
     assert ran(first) == STAGES
     assert outputs_with_symlinks(p) == []
-    pointer = json.loads((p / "checkpoints" / "latest").read_text())
+    sft, rl = p / "checkpoints" / "sft", p / "checkpoints" / "rl"
+    pointer = json.loads((sft / "latest").read_text())
     best = json.loads((p / "reports" / "eval" / "best.json").read_text())
     assert pointer == {"checkpoint": "step-000004", "step": 4} and best["checkpoint"].startswith("../../checkpoints/")
-    # evaluate wrote nothing into train's output: the lock's checkpoints md5 is what training left
+    # evaluate wrote nothing into train's or rl's outputs: the lock's checkpoints md5s are what they left
     outs = lock_outs(p)
-    assert sorted(x.name for x in (p / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000004"]
+    assert sorted(x.name for x in sft.iterdir()) == ["latest", "step-000002", "step-000004"]
+    assert sorted(x.name for x in rl.glob("step-*")) == ["step-000001", "step-000002"]
+    rl_meta = json.loads((rl / "step-000002" / "meta.json").read_text())
+    assert rl_meta["stage"] == "rl" and (p / rl_meta["parent_checkpoint"]).resolve().parent == sft.resolve()
+    assert (p / "reports/rl/steps.csv").read_text().splitlines()[0].startswith("step,reward_mean,")
+    assert json.loads((p / "reports/rl/summary.json").read_text())["enabled"] is True
     second = dvc(p, "repro")
     assert ran(second) == [] and "Data and pipelines are up to date" in second
     dvc(p, "checkout")
     third = dvc(p, "repro")
     assert ran(third) == [] and lock_outs(p) == outs
-    assert json.loads((p / "checkpoints" / "latest").read_text()) == pointer
+    assert json.loads((sft / "latest").read_text()) == pointer
     assert dvc(p, "status").strip().endswith("Data and pipelines are up to date.")
     # ... then `make run`'s flow skips every stage.
     flow = sh([PY, "-m", "flows"], p)
@@ -79,8 +89,9 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert (q / "reports/eval/best.json").read_text() == (p / "reports/eval/best.json").read_text()
     # one data version: the manifest's, in every checkpoint's meta and on the MLflow runs
     version = json.loads((q / "data/shards/manifest.json").read_text())["data_version"]
-    metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints").glob("step-*"))]
-    assert version and {m["data_version"] for m in metas} == {version}
+    metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/sft").glob("step-*"))]
+    rl_metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/rl").glob("step-*"))]
+    assert version and len(rl_metas) == 2 and {m["data_version"] for m in metas + rl_metas} == {version}
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{q / 'mlflow.db'}")
@@ -88,16 +99,26 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert train_run.data.tags["vtg.data_version"] == version
     pipeline = client.get_run(train_run.data.tags["mlflow.parentRunId"])
     assert pipeline.data.tags["vtg.data_version"] == version
+    rl_run = client.get_run(rl_metas[-1]["mlflow_run_id"])  # nested under the same pipeline run
+    assert rl_run.data.tags["vtg.stage"] == "rl" and rl_run.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    # the flow's per-checkpoint evaluator evaluated the RL checkpoints too
+    evaluated = {json.loads(x)["checkpoint_dir"] for x in
+                 (q / "reports/orchestration/checkpoint_evals.jsonl").read_text().splitlines()}
+    assert {str(c.resolve()) for c in (q / "checkpoints/rl").glob("step-*")} <= evaluated
 
-    # Extending the run in the DVC door resumes it: the old checkpoints stay, training continues from step 4.
-    set_params(p, **{"train.max_steps": 6})
+    # Extending the run in the DVC door resumes it: the old checkpoints stay, training continues from step 4. (RL
+    # is switched off from here, to keep the test short: the rl stage still runs, saying so in its summary.)
+    set_params(p, **{"train.max_steps": 6, "orchestration.rl": False})
     extended = dvc(p, "repro")
-    assert ran(extended) == ["train", "evaluate"] and "resumed from" in extended and "step 4" in extended
-    assert sorted(x.name for x in (p / "checkpoints").glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
-    assert not list(p.glob("checkpoints-superseded-*"))
-    # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them).
+    assert ran(extended) == ["train", "rl", "evaluate"] and "resumed from" in extended and "step 4" in extended
+    assert sorted(x.name for x in sft.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
+    assert not list(p.glob("checkpoints/sft-superseded-*"))
+    assert json.loads((p / "reports/rl/summary.json").read_text())["enabled"] is False
+    best = json.loads((p / "reports" / "eval" / "best.json").read_text())
+    assert best["checkpoint"].startswith("../../checkpoints/sft/")  # selection sees SFT only
+    # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them), beside the root.
     set_params(p, **{"train.lr": 0.001})
     fresh = dvc(p, "repro")
-    assert ran(fresh) == ["train", "evaluate"] and "moved the checkpoints" in fresh
-    [aside] = p.glob("checkpoints-superseded-*")
+    assert ran(fresh) == ["train", "rl", "evaluate"] and "moved the checkpoints" in fresh
+    [aside] = p.glob("checkpoints/sft-superseded-*")
     assert sorted(x.name for x in aside.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]

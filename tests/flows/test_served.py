@@ -1,5 +1,6 @@
 """The served path (`python -m flows.serve`, what `make serve` runs) on a free loopback port: `prefect deployment
-run` completes, and training's `checkpoint.saved` events trigger evaluate-checkpoint runs that complete."""
+run` completes, and the `checkpoint.saved` events of SFT and then RL trigger evaluate-checkpoint runs that
+complete."""
 
 from __future__ import annotations
 
@@ -72,10 +73,12 @@ def test_deployment_run_and_checkpoint_triggered_evaluations(tmp_path: Path):
         assert "eval_mode | `events`" in report
         evals = [e for e in read_jsonl(project / "reports/orchestration/checkpoint_evals.jsonl")
                  if e["split"] == "val"]
-        assert sorted(e["step"] for e in evals) == [2, 4, 6]  # every checkpoint, each from its event
+        by_root = {root: sorted(e["step"] for e in evals if Path(e["checkpoint_dir"]).parent.name == root)
+                   for root in ("sft", "rl")}
+        assert by_root == {"sft": [2, 4, 6], "rl": [1, 2]}  # every SFT and RL checkpoint, each from its event
         triggered = [r for r in flow_runs(api, "evaluate-checkpoint") if r.deployment_id is not None]
-        assert len(triggered) == 3 and all(r.state.is_completed() for r in triggered)
-        assert sorted(r.parameters["step"] for r in triggered) == [2, 4, 6]  # typed int from the event
+        assert len(triggered) == 5 and all(r.state.is_completed() for r in triggered)
+        assert sorted(r.parameters["step"] for r in triggered) == [1, 2, 2, 4, 6]  # typed int from the event
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=60)

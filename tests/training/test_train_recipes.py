@@ -204,8 +204,8 @@ def _evaluate(root: Path, experiment: str, overrides: list[str]) -> dict:
 
 def _logits_on(model, tokenizer, shards: Path) -> torch.Tensor:
     """Logits of one val example (a plain forward, as any serving code would run it)."""
-    from evaluation.data import ReadStats, iter_examples
     from vtg.model.processing import VisionParams, answer_text, collate, encode_example, model_inputs
+    from vtg.queries import ReadStats, iter_examples
     from vtg.shards import list_shards
 
     ex = next(iter_examples(list_shards(shards, "val"), ReadStats(), 1))

@@ -25,6 +25,7 @@ from vtg.config.evaluate import EvaluateConfig
 from vtg.config.ingest import IngestConfig
 from vtg.config.orchestration import OrchestrationConfig
 from vtg.config.preprocess import PreprocessConfig
+from vtg.config.rl import RLConfig
 from vtg.config.tracking import TrackingConfig
 from vtg.config.train import TrainConfig
 from vtg.errors import ConfigError
@@ -37,6 +38,7 @@ __all__ = [
     "OrchestrationConfig",
     "PipelineConfig",
     "PreprocessConfig",
+    "RLConfig",
     "TrackingConfig",
     "TrainConfig",
     "config_hash",
@@ -58,6 +60,8 @@ class PipelineConfig(Section):
     """Beam preprocessing."""
     train: TrainConfig = TrainConfig()
     """DeepSpeed training."""
+    rl: RLConfig = RLConfig()
+    """GRPO post-training after SFT (temporal-IoU reward)."""
     evaluate: EvaluateConfig = EvaluateConfig()
     """Per-checkpoint evaluation."""
     tracking: TrackingConfig = TrackingConfig()

@@ -16,6 +16,8 @@ class StageEntryPoints(Section):
     """Module of the Beam preprocessing job."""
     train: str = "training"
     """Module of the training entry point (launched by `train_launcher`)."""
+    rl: str = "training.rl"
+    """Module of the GRPO stage, run as `python -m <module>` after training (when `orchestration.rl`)."""
     evaluate: str = "evaluation"
     """Module of the evaluation CLI (`--checkpoint DIR --split S`)."""
     evaluate_api: str = "evaluation.api:evaluate_checkpoint"
@@ -29,6 +31,9 @@ class OrchestrationConfig(Section):
     """Name of the served post-training deployment (`prefect deployment run 'post-training/default'`)."""
     stages: StageEntryPoints = StageEntryPoints()
     """Entry points of the stages; swap a module to plug in another implementation."""
+    rl: bool = True
+    """Run GRPO (`python -m training.rl`) after SFT; its checkpoints join the evaluation and best-of selection.
+    false: the rl stage writes no checkpoints and selection sees SFT only."""
     build_corpus: bool = True
     """Build the synthetic corpus first; false when `ingest.annotations` point at real data."""
     train_launcher: Literal["auto", "python", "deepspeed", "torchrun"] = "auto"

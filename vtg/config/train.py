@@ -72,8 +72,8 @@ class TrainConfig(Section):
     """Stability guards: NaN/inf and loss-spike batches are skipped on every rank."""
     shards_dir: str = "data/shards"
     """Shard root written by preprocess."""
-    out_dir: str = Field("checkpoints", json_schema_extra=NOT_OUTPUT)
-    """Checkpoint root: `step-%06d/`, `latest`, `best`."""
+    out_dir: str = Field("checkpoints/sft", json_schema_extra=NOT_OUTPUT)
+    """SFT checkpoint root: `step-%06d/` and `latest` (RL writes beside it, in `rl.out_dir`)."""
     strategy: Literal["deepspeed", "fsdp"] = "deepspeed"
     """Distributed engine: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`) as the ZeRO-3 alternative."""
     seed: int = 42

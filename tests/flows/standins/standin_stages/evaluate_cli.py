@@ -1,5 +1,5 @@
 """Stand-in for `python -m evaluation [--checkpoint DIR --split S]`: one checkpoint, or the evaluate stage (every
-checkpoint on val, the best by r1@0.7 -> best.json, the best on test -> metrics.json)."""
+SFT and RL checkpoint on val, the best by r1@0.7 -> best.json, the best on test -> metrics.json)."""
 
 from pathlib import Path
 
@@ -11,7 +11,8 @@ args, cfg = parse("evaluate-cli", extra=["--checkpoint", "--split"])
 if args.checkpoint:
     print(evaluate_checkpoint(args.checkpoint, args.split or cfg.evaluate.split, cfg))
 else:
-    found = checkpoints.list_checkpoints(cfg.train.out_dir)
+    roots = [cfg.train.out_dir] + ([cfg.rl.out_dir] if cfg.orchestration.rl else [])  # as evaluation.stage
+    found = [c for root in roots for c in checkpoints.list_checkpoints(root)]
     val = [(evaluate_checkpoint(str(c), "val", cfg), c) for c in found]
     best_result, best = max(val, key=lambda rc: (rc[0]["metrics"]["r1@0.7"], rc[0]["metrics"]["miou"], rc[0]["step"]))
     out = Path(cfg.evaluate.out_dir)

@@ -1,4 +1,6 @@
-"""Stream a split's shards into evaluation examples: one per query, frames decoded, bad samples counted.
+"""Stream a split's shards into query examples: one per query, frames decoded, bad samples counted.
+
+Shared by evaluation (scoring a split) and RL (its query pool); the shard format itself is `vtg.shards`.
 
 Shards are read member by member (tar stream, any fsspec URL), so evaluation never holds a split in memory.
 A sample that cannot be read (bad JSON, undecodable JPEG, frame count mismatch) is skipped and counted by
@@ -22,8 +24,13 @@ from vtg.shards import SampleMeta, decode_jpegs, member_key
 log = logging.getLogger(__name__)
 
 
+def example_key(sample_key: str, query_index: int) -> str:
+    """`<sample key>#<query index>`: names one query of one window in predictions.jsonl."""
+    return f"{sample_key}#{query_index}"
+
+
 @dataclass
-class EvalExample:
+class QueryExample:
     """One query of one window, with what scoring and the report need."""
 
     key: str
@@ -77,7 +84,7 @@ def _decode_sample(key: str, parts: dict[str, bytes]) -> tuple[SampleMeta, np.nd
     return meta, frames
 
 
-def iter_examples(shards: list[str], stats: ReadStats, limit: int = 0) -> Iterator[EvalExample]:
+def iter_examples(shards: list[str], stats: ReadStats, limit: int = 0) -> Iterator[QueryExample]:
     """Examples of the given shards in order (one per query); `limit` > 0 stops after that many."""
     import fsspec
 
@@ -95,8 +102,8 @@ def iter_examples(shards: list[str], stats: ReadStats, limit: int = 0) -> Iterat
                     stats.samples += 1
                     for qi, q in enumerate(meta.queries):
                         stats.queries += 1
-                        yield EvalExample(
-                            key=f"{meta.key}#{qi}", query=q.text, windows=[tuple(w) for w in q.windows],
+                        yield QueryExample(
+                            key=example_key(meta.key, qi), query=q.text, windows=[tuple(w) for w in q.windows],
                             duration_s=meta.duration_s, source=(meta.source or "unknown").split(":")[0],
                             frames=frames, timestamps=list(meta.frame_timestamps))
                         n += 1
@@ -107,8 +114,8 @@ def iter_examples(shards: list[str], stats: ReadStats, limit: int = 0) -> Iterat
             log.warning("skipping unreadable shard %s: %s", url, e)
 
 
-def iter_spans(shards: list[str], stats: ReadStats) -> Iterator[tuple[float, list[tuple[float, float]]]]:
-    """(window duration, ground-truth windows) per query, reading only the JSON members (fast: no JPEGs)."""
+def iter_metas(shards: list[str], stats: ReadStats) -> Iterator[SampleMeta]:
+    """Every readable sample's `SampleMeta`, reading only the JSON members (fast: no JPEGs)."""
     import fsspec
 
     for url in shards:
@@ -123,9 +130,15 @@ def iter_spans(shards: list[str], stats: ReadStats) -> Iterator[tuple[float, lis
                         stats.skipped["bad_json"] += 1
                         continue
                     stats.samples += 1
-                    for q in meta.queries:
-                        stats.queries += 1
-                        yield meta.duration_s, [tuple(w) for w in q.windows]
+                    yield meta
         except (tarfile.TarError, OSError) as e:
             stats.skipped["unreadable_shard"] += 1
             log.warning("skipping unreadable shard %s: %s", url, e)
+
+
+def iter_spans(shards: list[str], stats: ReadStats) -> Iterator[tuple[float, list[tuple[float, float]]]]:
+    """(window duration, ground-truth windows) per query, reading only the JSON members (fast: no JPEGs)."""
+    for meta in iter_metas(shards, stats):
+        for q in meta.queries:
+            stats.queries += 1
+            yield meta.duration_s, [tuple(w) for w in q.windows]

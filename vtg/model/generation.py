@@ -1,0 +1,41 @@
+"""Greedy answers for a batch of queries: what evaluation scores and what RL's difficulty filter and start
+selection score, so both read the model the same way (prompts from `encode_example`, left padding).
+
+`blank=True` replaces every frame with black (the text-only blind baseline) while keeping the frame count and
+timestamps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
+from vtg.queries import QueryExample
+
+
+def pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def vision_params(model) -> VisionParams:
+    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+    return VisionParams.from_model_config(config)
+
+
+def frames_of(ex: QueryExample, blank: bool) -> np.ndarray:
+    return np.zeros_like(ex.frames) if blank else ex.frames
+
+
+@torch.inference_mode()
+def greedy_answers(model, tokenizer, examples: list[QueryExample], device, max_new_tokens: int,
+             blank: bool = False) -> list[str]:
+    """Greedy answers for one batch (left padding, so every prompt ends where generation starts)."""
+    vp = vision_params(model)
+    encoded = [encode_example(tokenizer, frames_of(ex, blank), ex.timestamps, ex.query, None, vision=vp,
+                              key=ex.key) for ex in examples]
+    batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="left"), device, model.dtype)
+    batch.pop("labels", None)
+    prompt_len = batch["input_ids"].shape[1]
+    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id(tokenizer))
+    return tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
