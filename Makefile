@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-# One thread per process: 2 cores here, and DeepSpeed ranks oversubscribe without it (DESIGN.md §4).
+# One thread per process: 2 cores here, and DeepSpeed ranks oversubscribe without it (docs/environment.md).
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -23,7 +23,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
-	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (README).
+	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (docs/gpu.md).
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[dev]"
 	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).

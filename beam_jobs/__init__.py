@@ -1,1 +1,1 @@
-"""Apache Beam preprocessing: canonical records + videos -> WebDataset shards (DESIGN.md §1, §3)."""
+"""Apache Beam preprocessing: canonical records + videos -> WebDataset shards (docs/architecture.md)."""

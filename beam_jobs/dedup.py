@@ -3,7 +3,7 @@
 Videos are shingled by pairs of per-frame perceptual codes (an LSH of the coarse colour layout) sampled at a
 fixed rate of *source time*, so a re-encode, resize, brightness shift or small trim keeps most shingles;
 queries by word n-grams. Band keys
-(DESIGN.md §4: `(i, bytes(hv[i*r:(i+1)*r].byteswap().data))`) reproduce `datasketch.MinHashLSH` candidates
+(docs/environment.md: `(i, bytes(hv[i*r:(i+1)*r].byteswap().data))`) reproduce `datasketch.MinHashLSH` candidates
 and are grouped by a Beam GroupByKey, so no process ever holds an index of the whole data set. Candidate pairs
 are verified by exact Jaccard of their shingle sets; clusters (connected components of verified pairs) keep the
 member with the smallest rank key as canonical.

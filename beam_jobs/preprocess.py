@@ -1,4 +1,4 @@
-"""`python -m beam_jobs.preprocess`: canonical records + videos -> WebDataset shards (DESIGN.md §3).
+"""`python -m beam_jobs.preprocess`: canonical records + videos -> WebDataset shards (docs/architecture.md).
 
 Reads `preprocess.records` (written by `python -m ingest`), decodes every video once, splits it into
 scene-aligned windows, extracts frames, drops low-quality windows, near-duplicate videos, duplicate and

@@ -18,7 +18,7 @@ from apache_beam.pvalue import TaggedOutput
 
 from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, QueryItem, StepError, WindowItem, pick
 from beam_jobs.partition import split_of
-from vtg.lineage import file_digest
+from vtg.io import file_digest
 from vtg.shards import SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
 
 log = logging.getLogger(__name__)

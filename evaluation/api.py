@@ -30,7 +30,7 @@ from vtg import checkpoints
 from vtg.config import PipelineConfig, load_config
 from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
-from vtg.lineage import file_digest, tree_digest
+from vtg.io import file_digest, tree_digest, write_json_atomic
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
         runs = [r for r in past if order_key(r) != order_key(result)] + [result]
         write_report(entry, result, predictions, store.step_rows(runs, _metric_names(cfg), ev.select_metric),
                      ev.iou_thresholds, ev.report_samples)
-        store.write_json_atomic(entry / store.RESULT_FILE, result)  # last: marks the entry complete
+        write_json_atomic(entry / store.RESULT_FILE, result)  # last: marks the entry complete
         if run_id:
             params = {f"evaluate.{k}": v for k, v in ev.model_dump(mode="json").items()}
             tracking.finish_eval_run(cfg.tracking, run_id, result, entry, params)
@@ -192,7 +192,7 @@ def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
     out = Path(ev.out_dir)
     with store.locked(ev.store_dir):
         store.publish(entry, out, PUBLISHED)
-        store.write_json_atomic(out / store.RESULT_FILE, public_metrics(result))
+        write_json_atomic(out / store.RESULT_FILE, public_metrics(result))
         if result["split"] != SELECTION_SPLIT:
             return {}
         runs = curve_runs(cfg, result)

@@ -40,6 +40,7 @@ from evaluation.report import RL_PLOT, comparison_table, read_rl_steps, write_re
 from vtg import checkpoints
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.io import write_json_atomic
 from vtg.rl_outputs import STEPS_CSV as RL_STEPS_CSV
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def _write_outputs(cfg: PipelineConfig, test: EvaluationResult, best_val: dict, 
         metrics = public_metrics(test.result)
         if comparison is not None:
             metrics["comparison"] = comparison
-        store.write_json_atomic(out / store.RESULT_FILE, metrics)
+        write_json_atomic(out / store.RESULT_FILE, metrics)
         rows = write_curve(cfg, curve_runs(cfg, best_val), best_val["summary"]["baselines"])
         (out / RL_PLOT).unlink(missing_ok=True)  # a previous run's curves
         write_report(out, test.result, store.load_predictions(test.entry_dir), rows, ev.iou_thresholds,

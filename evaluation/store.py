@@ -52,12 +52,6 @@ def load_predictions(entry: Path) -> list[dict]:
     return list(read_jsonl(entry / PREDICTIONS_FILE))
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def save_predictions(entry: Path, predictions: Sequence[dict]) -> None:
     entry.mkdir(parents=True, exist_ok=True)
     tmp = entry / f".{PREDICTIONS_FILE}.tmp"

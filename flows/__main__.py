@@ -22,16 +22,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 EXIT_WITHIN_S = 8.0
 """After SIGINT/SIGTERM the flow process is gone within this many seconds, children and API server included."""
 CHILD_GRACE_S = 3.0
+_server_processes: list[subprocess.Popen] = []  # the ephemeral API server(s) this process started
 
 
 def _stop_prefect_server() -> None:
     """Kill the ephemeral API server this process started (if any), without waiting for its shutdown."""
-    server = sys.modules.get("prefect.server.api.server")
-    if server is None:
-        return
-    for inst in list(server.SubprocessASGIServer._instances.values()):
-        proc = inst.server_process
-        if proc is not None and proc.poll() is None:
+    for proc in _server_processes:
+        if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
 
@@ -39,18 +36,21 @@ def _stop_prefect_server() -> None:
 class _PrefectServerSubprocess:
     """`subprocess` as Prefect's ephemeral-server module sees it: its uvicorn process starts in its own process
     group (a terminal's Ctrl-C reaches the flow only, which reports the interrupted run to a live API and then
-    stops the server) and gets the parent-death signal (it dies with a killed flow)."""
+    stops the server) and gets the parent-death signal (it dies with a killed flow). The processes it starts are
+    kept in `_server_processes` (`_stop_prefect_server` kills them)."""
 
     def __getattr__(self, name):
         return getattr(subprocess, name)
 
     @staticmethod
     def Popen(*args, **kwargs):
-        from flows.stages import _die_with_parent
+        from flows.stages import preexec_die_with_parent
 
         kwargs.setdefault("process_group", 0)
-        kwargs.setdefault("preexec_fn", _die_with_parent(os.getpid()))
-        return subprocess.Popen(*args, **kwargs)
+        kwargs.setdefault("preexec_fn", preexec_die_with_parent(os.getpid()))
+        proc = subprocess.Popen(*args, **kwargs)
+        _server_processes.append(proc)
+        return proc
 
 
 def _guard_prefect_server() -> None:

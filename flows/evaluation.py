@@ -18,21 +18,13 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
-from flows.events import append_jsonl
 from flows.stages import die_with_parent
-from vtg import checkpoints, lineage
+from vtg import checkpoints, eval_queue, lineage
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig, load_config
 from vtg.errors import VTGError
 
 log = logging.getLogger(__name__)
-RESULTS_FILE = "checkpoint_evals.jsonl"
-
-
-def results_path(cfg: PipelineConfig) -> Path:
-    """Every per-checkpoint evaluation appends one line here (the report and the waiting flow read it)."""
-    return Path(cfg.orchestration.state_dir) / RESULTS_FILE
-
 
 def checkpoint_config(checkpoint_dir: str | Path, params: str = "params.yaml") -> PipelineConfig:
     """The resolved config the checkpoint was trained with (its `config.json`), else params.yaml."""
@@ -99,9 +91,7 @@ def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", pare
               "report": result.get("report"),
               "mlflow_run_id": result.get("mlflow_run_id") or result.get("run_id"),
               "parent_run_id": parent_run_id}
-    results = results_path(cfg)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    append_jsonl(results, record)
+    eval_queue.append(eval_queue.results_path(cfg.orchestration.state_dir), record)
     create_table_artifact(key=f"eval-{split}-step-{step:06d}",
                           table=[{"metric": k, "value": round(v, 4)} for k, v in record["metrics"].items()],
                           description=f"Evaluation of `{checkpoint_dir}` on {split}")
@@ -109,27 +99,18 @@ def evaluate_checkpoint(checkpoint_dir: str, step: int, split: str = "val", pare
 
 
 def follow(queue: Path, poll_s: float = 0.5, parent: int | None = None):
-    """Yield the JSON lines of a growing file until a `{"done": true}` line, or until the process that started
-    this one (`parent`, default: the parent now) is gone: then nobody will write "done" (the flow was killed), and
-    the evaluator must not outlive it."""
-    pos = 0
+    """The checkpoints of a growing queue (`vtg.eval_queue.follow`) until its closing line, or until the process
+    that started this one (`parent`, default: the parent now) is gone: then nobody will close the queue (the flow
+    was killed), and the evaluator must not outlive it."""
     parent = os.getppid() if parent is None else parent
-    while True:
-        if os.getppid() != parent:
-            log.warning("the process that started this evaluator (pid %d) is gone: stopping", parent)
-            return
-        if queue.exists():
-            with queue.open() as f:
-                f.seek(pos)
-                while line := f.readline():
-                    if not line.endswith("\n"):
-                        break
-                    pos = f.tell()
-                    item = json.loads(line)
-                    if item.get("done"):
-                        return
-                    yield item
-        time.sleep(poll_s)
+
+    def alive() -> bool:
+        if os.getppid() == parent:
+            return True
+        log.warning("the process that started this evaluator (pid %d) is gone: stopping", parent)
+        return False
+
+    yield from eval_queue.follow(queue, poll_s=poll_s, alive=alive)
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """The checkpoint hook training calls after each complete checkpoint: `flows.events:on_checkpoint_saved`.
 
 It reports the checkpoint two ways, chosen by the orchestrator through the environment of the training process:
-- `VTG_CHECKPOINT_QUEUE=<file>`: append one JSON line; the embedded evaluator process follows that file, and
-  retention keeps every checkpoint listed there until its evaluation is recorded (`training.loop._protected`).
+- `VTG_CHECKPOINT_QUEUE=<file>`: append one line to that queue (`vtg.eval_queue`); the embedded evaluator process
+  follows it, and retention keeps every checkpoint listed there until its evaluation is recorded
+  (`vtg.eval_queue.pending`).
   The orchestrator sets it only while per-checkpoint evaluation runs (embedded or events).
 - `VTG_CHECKPOINT_EVENTS=1` (with `PREFECT_API_URL` set): emit a Prefect `checkpoint.saved` event, whose
   deployment trigger starts an `evaluate-checkpoint` run with `checkpoint_dir` and `step` from the event.
@@ -11,13 +12,12 @@ Training itself never imports Prefect; outside an orchestrated run the hook does
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from vtg import lineage
+from vtg import eval_queue, lineage
 
 
 def checkpoint_payload(checkpoint_dir: str, step: int) -> dict[str, Any]:
@@ -28,14 +28,6 @@ def checkpoint_payload(checkpoint_dir: str, step: int) -> dict[str, Any]:
         "parent_run_id": os.environ.get(lineage.ENV_PARENT_RUN_ID, ""),
         "flow_run_id": os.environ.get(lineage.ENV_PREFECT_FLOW_RUN_ID, ""),
     }
-
-
-def append_jsonl(path: str | Path, obj: dict[str, Any]) -> None:
-    """One line per write, flushed and fsync'd, so a follower never sees half a line."""
-    with Path(path).open("a") as f:
-        f.write(json.dumps(obj) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def emit_checkpoint_event(payload: dict[str, Any]) -> None:
@@ -54,6 +46,6 @@ def on_checkpoint_saved(checkpoint_dir: str, step: int) -> None:
     payload = checkpoint_payload(checkpoint_dir, step)
     queue = os.environ.get(lineage.ENV_CHECKPOINT_QUEUE)
     if queue:
-        append_jsonl(queue, payload)
+        eval_queue.append(queue, payload)
     if os.environ.get(lineage.ENV_CHECKPOINT_EVENTS) == "1" and os.environ.get("PREFECT_API_URL"):
         emit_checkpoint_event(payload)

@@ -19,9 +19,10 @@ from typing import Any
 from prefect import flow, runtime
 from prefect.tasks import exponential_backoff
 
-from flows import tasks, tracking
+from flows import report, tasks, tracking
+from flows.evaluator import CheckpointEvaluator
 from flows.stages import ConfigArgs
-from vtg import lineage
+from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
 from vtg.shards import data_version
@@ -115,24 +116,28 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
     """SFT, then RL, both reporting their checkpoints into one queue that one evaluator follows (started with the
     first of them that runs, or after both when it must wait for the training device); the queue is closed once
     both are done (or one failed); then every evaluation is awaited, then the evaluate stage picks the best."""
-    queue = Path(cfg.orchestration.state_dir) / f"checkpoint_queue-{flow_run_id}.jsonl"
-    queue.parent.mkdir(parents=True, exist_ok=True)
-    common = {"cfg": cfg, "args": args, "parent": parent, "flow_run_id": flow_run_id, "queue": str(queue)}
+    queue = eval_queue.queue_path(cfg.orchestration.state_dir, flow_run_id)
+    evaluator = CheckpointEvaluator(cfg, args, parent, flow_run_id, queue)
+    common = {"cfg": cfg, "args": args, "evaluator": evaluator}
     try:
         trained = _call(tasks.train, **common)
         summary["stages"]["train"] = trained
         tuned = _call(tasks.rl, **common)
         summary["stages"]["rl"] = tuned
     except BaseException:
-        tasks.close_checkpoint_queue(cfg, str(queue), args, parent, start_waiting=False)
+        evaluator.close(start_waiting=False)
+        evaluator.stop()  # the flow fails: nobody waits for these evaluations
         raise
-    tasks.close_checkpoint_queue(cfg, str(queue), args, parent)
+    evaluator.close()
     modes = [m for m in (trained.get("eval_mode"), tuned.get("eval_mode")) if m not in (None, "off")]
     summary.update(train_run_id=trained.get("train_run_id"), rl_run_id=tuned.get("rl_run_id"),
                    rl_start_checkpoint=tuned.get("start_checkpoint"), rl_steps=tuned.get("steps"),
                    eval_mode=modes[0] if modes else trained.get("eval_mode"))
-    if modes:
-        summary["evaluations"] = tasks.wait_for_evaluations(cfg, str(queue))
+    try:
+        if modes:
+            summary["evaluations"] = tasks.wait_for_evaluations(evaluator)
+    finally:
+        evaluator.stop()  # finished already, or failed or interrupted while waiting
     evaluated = _call(_with_retries(tasks.evaluate, cfg), cfg=cfg, args=args, parent=parent)
     summary["stages"]["evaluate"] = evaluated
     if not evaluated.get("best_checkpoint"):
@@ -154,7 +159,7 @@ def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:
     print("\n".join([
         "", f"=== post-training finished in {s.get('seconds', 0):.0f}s ===",
         f"best checkpoint : {s.get('best_checkpoint')} (held-out test: {shown or test})",
-        f"rl              : {tasks.rl_line((s.get('stages') or {}).get('rl')).replace('`', '')}",
+        f"rl              : {report.rl_line((s.get('stages') or {}).get('rl')).replace('`', '')}",
         f"report          : {s.get('report')}",
         f"Prefect         : {prefect_where}",
         (f"MLflow          : parent run {s.get('mlflow_parent_run_id')} in {cfg.tracking.tracking_uri} "

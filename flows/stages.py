@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.net import free_port
 
 log = logging.getLogger(__name__)
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks for a hostfile by default (multi-node)
@@ -37,7 +37,7 @@ _children_lock = threading.Lock()
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int):
+def preexec_die_with_parent(parent: int):
     """A `preexec_fn`: SIGTERM this child when the process that started it dies (Linux prctl; a no-op
     elsewhere). Runs between fork and exec: only async-signal-safe work."""
     import ctypes
@@ -72,7 +72,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 def spawn(argv: list[str], **kwargs) -> subprocess.Popen:
     """Start a child of the flow in its own process group, registered for `stop_children`."""
-    proc = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent(os.getpid()), **kwargs)  # noqa: PLW1509
+    proc = subprocess.Popen(argv, process_group=0, preexec_fn=preexec_die_with_parent(os.getpid()), **kwargs)  # noqa: PLW1509
     with _children_lock:
         _children[proc.pid] = proc
     return proc
@@ -157,12 +157,6 @@ class StageResult:
     returncode: int
     seconds: float
     tail: list[str] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def module_cmd(module: str, args: Sequence[str]) -> list[str]:

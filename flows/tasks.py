@@ -10,11 +10,8 @@ same finished steps.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +21,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
-from flows import tracking
-from flows.evaluation import results_path
-from flows.events import append_jsonl
-from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, spawn, stop_process, train_cmd
+from flows import report, tracking
+from flows.evaluator import CheckpointEvaluator
+from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, train_cmd
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
-from vtg.errors import VTGError
-from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 from vtg.rl_outputs import SUMMARY_JSON as RL_SUMMARY
 from vtg.shards import MANIFEST, data_version
+from vtg.util import flatten
 
 HOOK = "flows.events:on_checkpoint_saved"
 DVC_SECONDS: dict[str, float] = {}  # stage -> seconds spent asking and updating dvc.lock (the report shows them)
-_evaluators: dict[str, subprocess.Popen] = {}  # queue path -> embedded evaluator process (same flow process)
 
 
 def _stream(name: str):
@@ -50,14 +44,10 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def _numbers(d: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_numbers(v, f"{prefix}{k}."))
-        elif isinstance(v, int | float) and not isinstance(v, bool):
-            out[f"{prefix}{k}".replace("@", "_at_")] = float(v)
-    return out
+def _numbers(d: dict[str, Any]) -> dict[str, float]:
+    """The numeric leaves of `d` as MLflow metrics: dotted keys, `@` spelled `_at_` (MLflow refuses it)."""
+    return {k.replace("@", "_at_"): float(v) for k, v in flatten(d).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _stage_task(name: str):
@@ -133,16 +123,9 @@ def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source
         metrics={**_numbers(manifest), "seconds": r.seconds},
         tags={lineage.TAG_SOURCE_DIGEST: source, lineage.TAG_DATA_VERSION: version}, artifacts=[out / MANIFEST])
     tracking.log_shards_input(cfg, [run_id], version, manifest)
-    create_markdown_artifact(key="shard-manifest", markdown=manifest_markdown(cfg, manifest, version),
+    create_markdown_artifact(key="shard-manifest", markdown=report.manifest_markdown(cfg, manifest, version),
                              description="Shards written by the Beam preprocessing job")
     return {"out_dir": str(out), "manifest": manifest, "seconds": r.seconds, "mlflow_run_id": run_id}
-
-
-def manifest_markdown(cfg: PipelineConfig, manifest: dict, version: str) -> str:
-    rows = [f"| {k} | {json.dumps(v) if isinstance(v, dict | list) else v} |" for k, v in manifest.items()
-            if not isinstance(v, list) or len(v) < 20]
-    return "\n".join([f"# Shards `{cfg.preprocess.out_dir}`", f"data version: `{version}`", "",
-                      "| field | value |", "| --- | --- |", *rows])
 
 
 @task(name="dvc-push-shards", retries=2, retry_delay_seconds=exponential_backoff(5), cache_policy=NO_CACHE)
@@ -170,144 +153,6 @@ def dvc_out_md5(cfg: PipelineConfig, stage: str = "preprocess") -> str | None:
     return next((o.get("md5") for o in outs if Path(o.get("path", "")).as_posix() == target), None)
 
 
-def eval_mode(cfg: PipelineConfig) -> str:
-    """`embedded`, `events` or `off` for this run (`auto`: events when a served deployment can be triggered)."""
-    o = cfg.orchestration
-    if not o.eval_concurrently:
-        return "off"
-    if o.eval_trigger != "auto":
-        return o.eval_trigger
-    if not os.environ.get("PREFECT_API_URL"):
-        return "embedded"
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment  # noqa: F401  (same client stack)
-
-    try:
-        with get_client(sync_client=True) as client:
-            client.read_deployment_by_name(o.eval_deployment)
-        return "events"
-    except Exception:  # noqa: BLE001 - no such deployment on this server: evaluate locally
-        return "embedded"
-
-
-def prefect_api_url() -> str | None:
-    """The API this flow talks to: PREFECT_API_URL, or the ephemeral server this process started."""
-    if os.environ.get("PREFECT_API_URL"):
-        return os.environ["PREFECT_API_URL"]
-    from prefect.server.api.server import SubprocessASGIServer
-
-    inst = SubprocessASGIServer._instances.get(None)
-    return inst.api_url if inst is not None and inst.running else None
-
-
-def visible_gpus() -> int:
-    """GPUs this node shows the flow (CUDA_VISIBLE_DEVICES respected); 0 without CUDA."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
-
-
-def evaluation_placement(cfg: PipelineConfig, n_gpus: int | None = None) -> Placement:
-    """Where and when the embedded evaluator runs beside training (the rule: `vtg.placement`)."""
-    return place_evaluation(visible_gpus() if n_gpus is None else n_gpus, cfg.train.num_gpus,
-                            cfg.train.model.base, cfg.evaluate.device)
-
-
-def start_evaluator(cfg: PipelineConfig, queue: Path, args: ConfigArgs, parent: str | None,
-                    placement: Placement | None = None) -> subprocess.Popen:
-    """The embedded evaluator process; with a placement, it sees only its own device (CUDA_VISIBLE_DEVICES: its
-    GPU, or none for the CPU) and evaluates there (`--device`)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    url = prefect_api_url()
-    if url:
-        env["PREFECT_API_URL"] = url
-    if parent:
-        env[lineage.ENV_PARENT_RUN_ID] = parent
-    device = []
-    if placement is not None:
-        gpu = placement.gpu
-        env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else device_ids([gpu], os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
-        device = ["--device", "cpu" if gpu is None else "cuda:0"]
-    log_path = queue.with_suffix(".log")
-    with log_path.open("a") as log_file:  # own process group, stopped with the flow, dies with it (flows.stages)
-        return spawn([sys.executable, "-m", "flows.evaluation", "--queue", str(queue), "--split", cfg.evaluate.split,
-                      "--params", args.params, *device], env=env, stdout=log_file, stderr=subprocess.STDOUT)
-
-
-@dataclass
-class CheckpointEvaluation:
-    """How the checkpoints of this flow run's training stages (SFT, then RL) are evaluated: one queue file, one
-    mode, one placement, one evaluator for both stages."""
-
-    mode: str
-    """`embedded`, `events` or `off` (`eval_mode`)."""
-    where: str
-    """One line for the log and the report (`eval_placement`)."""
-    env: dict[str, str]
-    """For the training stage processes: the queue (the hook appends to it, retention keeps what is listed there
-    until evaluated), events on/off, the parent MLflow run, the Prefect flow run."""
-    placement: Placement | None = None
-    train_gpus: list[str] | None = None
-    """The only GPUs the training stages may use (the evaluator holds another), or None: no restriction."""
-
-
-_open: dict[str, CheckpointEvaluation] = {}  # queue path -> the evaluation the training stages report into
-
-
-def open_checkpoint_evaluation(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
-                               queue: str) -> CheckpointEvaluation:
-    """The per-checkpoint evaluation of this flow run, set up by the first training stage that runs (SFT, or RL
-    when SFT was up to date): the mode, the placement, and a concurrent evaluator started once. The queue stays
-    open until `close_checkpoint_queue`, after the last training stage."""
-    if queue in _open:
-        return _open[queue]
-    _set_aside_closed(Path(queue))
-    mode = eval_mode(cfg)
-    env = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}
-    if mode != "off":  # the hook reports each checkpoint here; retention keeps it until its evaluation is recorded
-        env[lineage.ENV_CHECKPOINT_QUEUE] = queue
-    if parent:
-        env[lineage.ENV_PARENT_RUN_ID] = parent
-    ev = CheckpointEvaluation(mode, mode, env)
-    if mode == "events":
-        env[lineage.ENV_CHECKPOINT_EVENTS] = "1"
-        ev.where = f"events: {cfg.orchestration.eval_deployment} on its own work pool"
-    elif mode == "embedded":
-        ev.placement = placement = evaluation_placement(cfg)
-        ev.where = f"embedded: {placement.line()}"
-        if placement.train_gpus:
-            ev.train_gpus = device_ids(placement.train_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if placement.when == CONCURRENT:
-            _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, placement)
-    get_run_logger().info("per-checkpoint evaluation: %s", ev.where)
-    _open[queue] = ev
-    return ev
-
-
-def _set_aside_closed(queue: Path) -> None:
-    """A queue an earlier attempt of this flow run closed (a retried run): renamed, so that the new evaluator
-    does not stop at the old `done` line and the wait expects this attempt's checkpoints only."""
-    if queue.is_file() and any(json.loads(line).get("done") for line in queue.read_text().splitlines() if line.strip()):
-        queue.rename(queue.with_name(f"{queue.stem}.closed-{time.time_ns()}{queue.suffix}"))
-
-
-def close_checkpoint_queue(cfg: PipelineConfig, queue: str, args: ConfigArgs, parent: str | None,
-                           start_waiting: bool = True) -> CheckpointEvaluation | None:
-    """No more checkpoints in this flow run (SFT and RL are done, or one failed): append `{"done": true}`, so a
-    following evaluator finishes; with `start_waiting`, an evaluator placed after training starts now. None when
-    no training stage ran."""
-    ev = _open.pop(queue, None)
-    if ev is None:
-        return None
-    append_jsonl(queue, {"done": True})
-    if start_waiting and ev.placement is not None and ev.placement.when == AFTER_TRAINING:
-        _evaluators[queue] = start_evaluator(cfg, Path(queue), args, parent, ev.placement)
-    return ev
-
-
 def _trained(cfg: PipelineConfig) -> dict:
     latest = checkpoints.latest_checkpoint(cfg.train.out_dir)
     meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
@@ -316,14 +161,14 @@ def _trained(cfg: PipelineConfig) -> dict:
 
 
 @_stage_task("train-deepspeed")
-def train(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str, queue: str) -> dict:
+def train(cfg: PipelineConfig, args: ConfigArgs, evaluator: CheckpointEvaluator) -> dict:
     """Launch training; every checkpoint it saves is evaluated concurrently (embedded process or events).
 
     Training itself decides whether to resume (`latest` of the same trajectory) or to start fresh (then it moves
     the old checkpoints aside); the flow never deletes checkpoints. The queue stays open for RL after it."""
     if cached := _up_to_date("train", cfg, {**_trained(cfg), "eval_mode": "off"}, log_run=False):
         return cached
-    ev = open_checkpoint_evaluation(cfg, args, parent, flow_run_id, queue)
+    ev = evaluator.open()
     hooks = list(cfg.train.checkpoint_hooks)
     extra = [f"train.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
     cmd, launch_env = train_cmd(cfg, args.argv(extra), gpus=ev.train_gpus)
@@ -346,75 +191,27 @@ def _tuned(cfg: PipelineConfig) -> dict:
 
 
 @_stage_task("rl-grpo")
-def rl(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str, queue: str) -> dict:
+def rl(cfg: PipelineConfig, args: ConfigArgs, evaluator: CheckpointEvaluator) -> dict:
     """The rl stage (`python -m training.rl`): GRPO from an SFT checkpoint; its checkpoints go to the same queue
     and evaluator as training's. With `orchestration.rl` false the stage still runs (an empty RL root, a summary
     saying RL is off), so dvc.lock records what ran."""
     if cached := _up_to_date("rl", cfg, {**_tuned(cfg), "eval_mode": "off"}, log_run=False):
         return cached
-    env, gpus, ev = {lineage.ENV_PREFECT_FLOW_RUN_ID: flow_run_id}, None, None
-    if parent:
-        env[lineage.ENV_PARENT_RUN_ID] = parent
-    if cfg.orchestration.rl:
-        ev = open_checkpoint_evaluation(cfg, args, parent, flow_run_id, queue)
-        env, gpus = ev.env, ev.train_gpus
+    ev = evaluator.open() if cfg.orchestration.rl else None
     hooks = list(cfg.rl.checkpoint_hooks)
     extra = [f"rl.checkpoint_hooks={json.dumps(hooks + [HOOK])}"] if HOOK not in hooks else []
-    cmd, launch_env = rl_cmd(cfg, args.argv(extra), gpus=gpus)
+    cmd, launch_env = rl_cmd(cfg, args.argv(extra), gpus=ev.train_gpus if ev else None)
+    env = ev.env if ev else evaluator.lineage_env()
     r = run_stage("rl", cmd, env={**launch_env, **env}, on_line=_stream("rl"))
     _record("rl", cfg)
     return {**_tuned(cfg), "eval_mode": ev.mode if ev else "off", "eval_placement": ev.where if ev else None,
             "seconds": r.seconds}
 
 
-@task(name="wait-checkpoint-evals")
-def wait_for_evaluations(cfg: PipelineConfig, queue: str) -> list[dict]:
-    """Wait until every checkpoint reported in `queue` has an evaluation record (or the timeout passes)."""
-    logger = get_run_logger()
-    proc = _evaluators.pop(queue, None)
-    deadline = time.time() + cfg.orchestration.eval_wait_s
-    if proc is not None:
-        try:
-            rc = proc.wait(timeout=cfg.orchestration.eval_wait_s)
-        except subprocess.TimeoutExpired:
-            stop_process(proc)
-            raise VTGError(f"embedded evaluator did not finish within {cfg.orchestration.eval_wait_s}s "
-                           f"(log: {Path(queue).with_suffix('.log')})") from None
-        if rc != 0:
-            tail = Path(queue).with_suffix(".log").read_text().splitlines()[-5:]
-            raise VTGError(f"embedded evaluator failed (exit {rc}):\n  " + "\n  ".join(tail))
-    expected = list(follow_all(Path(queue)))
-    while True:
-        done = evaluation_records(cfg, expected)
-        if len(done) >= len(expected) or time.time() > deadline:
-            break
-        time.sleep(1.0)
-    missing = len(expected) - len(done)
-    if missing:
-        logger.warning("%d of %d checkpoint evaluations did not finish in time", missing, len(expected))
-    return done
-
-
-def follow_all(queue: Path) -> list[dict]:
-    if not queue.exists():
-        return []
-    return [json.loads(line) for line in queue.read_text().splitlines() if line.strip()
-            and not json.loads(line).get("done")]
-
-
-def evaluation_records(cfg: PipelineConfig, expected: list[dict]) -> list[dict]:
-    """Evaluation records of the expected checkpoints (matched by directory and save time)."""
-    path = results_path(cfg)
-    if not path.is_file():
-        return []
-    want = {(e["checkpoint_dir"], round(float(e.get("saved_at", 0)), 3)) for e in expected}
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    seen: dict[tuple, dict] = {}
-    for r in recs:
-        k = (r.get("checkpoint_dir"), round(float(r.get("saved_at", 0)), 3))
-        if k in want:
-            seen[k] = r
-    return sorted(seen.values(), key=lambda r: r["step"])
+@task(name="wait-checkpoint-evals", cache_policy=NO_CACHE)
+def wait_for_evaluations(evaluator: CheckpointEvaluator) -> list[dict]:
+    """Wait until every checkpoint reported in the queue has an evaluation record (or the timeout passes)."""
+    return evaluator.wait()
 
 
 @_stage_task("evaluate-stage")
@@ -443,51 +240,13 @@ def evaluate_outputs(cfg: PipelineConfig) -> dict:
 
 @task(name="write-report", retries=1, retry_delay_seconds=2)
 def write_report(cfg: PipelineConfig, summary: dict[str, Any]) -> str:
+    """The report (`flows.report`) to `orchestration.report_path`, and as Prefect artifacts."""
     path = Path(cfg.orchestration.report_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    md = report_markdown(summary)
+    md = report.report_markdown(summary)
     path.write_text(md)
     create_markdown_artifact(key="run-summary", markdown=md, description="post-training run summary")
-    evals = summary.get("evaluations", [])
-    if evals:
-        create_table_artifact(key="eval-metrics", table=[{"step": e["step"], **{k: round(v, 4) for k, v in
-                              e.get("metrics", {}).items()}} for e in evals],
+    if evals := summary.get("evaluations", []):
+        create_table_artifact(key="eval-metrics", table=report.eval_table(evals),
                               description="Metrics of every evaluated checkpoint")
     return str(path.resolve())
-
-
-def rl_line(step: dict[str, Any] | None) -> str:
-    """The report's RL row: the RL run, the SFT checkpoint it started from and how many steps, or why none."""
-    if not step:
-        return "not run"
-    if not step.get("enabled", True):
-        return "off (`orchestration.rl` false): no RL checkpoints"
-    if not step.get("latest_checkpoint"):
-        return "no RL checkpoint"
-    start = step.get("start_checkpoint")
-    at = f" (step {step['start_step']})" if step.get("start_step") is not None else ""
-    return (f"run `{step.get('rl_run_id')}` from `{start}`{at}, {step.get('steps')} steps -> "
-            f"`{step.get('latest_checkpoint')}`")
-
-
-def report_markdown(s: dict[str, Any]) -> str:
-    """The pipeline report: lineage and steps from the flow, the evaluation part as the evaluate stage wrote it."""
-    lines = ["# Post-training run report", "", "| | |", "| --- | --- |"]
-    steps = s.get("stages") or {}
-    placement = s.get("eval_placement") or next(
-        (steps.get(k, {}).get("eval_placement") for k in ("train", "rl") if steps.get(k, {}).get("eval_placement")),
-        None)
-    for k in ("flow_run_id", "mlflow_parent_run_id", "git_commit", "config_hash", "source_digest",
-              "data_version", "dvc", "train_run_id", "rl", "best_checkpoint", "eval_mode", "seconds"):
-        lines.append(f"| rl | {rl_line(steps.get('rl'))} |" if k == "rl" else f"| {k} | `{s.get(k)}` |")
-        if k == "eval_mode" and placement:
-            lines.append(f"| eval_placement | {placement} |")
-    if s.get("evaluation_markdown"):
-        lines += ["", s["evaluation_markdown"].rstrip()]
-    stages_ = s.get("stages", {})
-    if stages_:
-        lines += ["", "## Steps", "", "| step | status | stage process s | dvc.lock s | MLflow run |",
-                  "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {k} | {v.get('status', 'ran')} | {v.get('seconds', 0):.1f} | {v.get('dvc_s', 0):.1f} | "
-                  f"{v.get('mlflow_run_id') or '-'} |" for k, v in stages_.items()]
-    return "\n".join(lines) + "\n"

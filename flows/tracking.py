@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vtg import lineage
+from vtg import lineage, util
 from vtg.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -34,15 +34,9 @@ def experiment_id(cfg: PipelineConfig) -> str:
     return exp.experiment_id if exp else c.create_experiment(cfg.tracking.experiment)
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = json.dumps(v) if isinstance(v, list | tuple) else str(v)
-    return out
+def flatten(d: dict[str, Any]) -> dict[str, str]:
+    """`d` as MLflow params: dotted keys (`vtg.util.flatten`), lists as JSON, every other leaf as `str`."""
+    return {k: json.dumps(v) if isinstance(v, list | tuple) else str(v) for k, v in util.flatten(d).items()}
 
 
 def pipeline_run(cfg: PipelineConfig, flow_run_id: str, tags: dict[str, str]) -> str | None:

@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,18 +28,13 @@ from pathlib import Path
 
 from vtg.cli_common import run_cli
 from vtg.errors import VTGError
+from vtg.net import LOOPBACK, free_port
 
-HOST = "127.0.0.1"
+HOST = LOOPBACK
 
 
 class ServiceError(VTGError):
     """A service could not be started (the message says which, and what to install or look at)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def postgres_bin(name: str) -> str:

@@ -1,5 +1,5 @@
 """Annotation ingest: Charades-STA txt, QVHighlights jsonl, ActivityNet Captions json or native jsonl ->
-canonical records (`vtg.records.CanonicalRecord`, DESIGN.md §3).
+canonical records (`vtg.records.CanonicalRecord`, docs/architecture.md).
 
 `python -m ingest [--params P] [-e EXP] [key=value ...]` (or `ingest(cfg.ingest)`) reads
 `ingest.annotations` (files, or directories of *.txt/*.json/*.jsonl), locates each video by id under

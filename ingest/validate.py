@@ -1,4 +1,4 @@
-"""RawItem -> CanonicalRecord, or the reason it goes to the dead-letter file (DESIGN.md §3 rules)."""
+"""RawItem -> CanonicalRecord, or the reason it goes to the dead-letter file (docs/architecture.md rules)."""
 
 from __future__ import annotations
 

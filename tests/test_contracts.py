@@ -37,10 +37,28 @@ def test_evaluation_and_flows_import_nothing_from_training():
     assert bad == [], "contracts shared with training belong in the core (vtg):\n" + "\n".join(bad)
 
 
+PUBLIC_APIS = {"training": {"evaluation.api"}}
+"""The one crossing between stages: RL picks its start checkpoint through evaluation's public API (what the
+evaluate stage scores, stored results reused), not with a second evaluator. Never the other way round."""
+
+
 def test_stage_packages_do_not_import_each_other():
     stages = {"corpus", "ingest", "beam_jobs", "training", "evaluation"}
     bad = [f"{p.relative_to(REPO)}: {m}" for pkg in stages for p, tree in _modules(pkg)
-           for m in _imported(tree) if m.split(".")[0] in stages - {pkg}]
+           for m in _imported(tree) if m.split(".")[0] in stages - {pkg} and m not in PUBLIC_APIS.get(pkg, set())]
+    assert bad == [], "\n".join(bad)
+
+
+def test_no_private_names_cross_modules():
+    """A name with a leading underscore stays in its module: a stage that borrows another module's private
+    helpers has copied a lifecycle instead of sharing it."""
+    bad = []
+    for path, tree in _modules(*PACKAGES):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                    node.module.split(".")[0] in PACKAGES:
+                bad += [f"{path.relative_to(REPO)}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == [], "\n".join(bad)
 
 
@@ -78,3 +96,16 @@ def test_one_pick_best():
     defs = [f"{p.relative_to(REPO)}" for p, tree in _modules(*PACKAGES) for node in ast.walk(tree)
             if isinstance(node, ast.FunctionDef) and node.name == "pick_best"]
     assert defs == ["vtg/selection.py"]  # the rule evaluation and RL (start checkpoint) share
+
+
+QUEUE_NAMES = ("checkpoint_evals.jsonl", "checkpoint_queue-")
+
+
+def test_checkpoint_evaluation_queue_names_are_spelled_only_in_the_queue_module():
+    """The per-checkpoint evaluation queue and its results index (their file names, line format, match key) have
+    one home, `vtg/eval_queue.py`: training (retention keeps pending checkpoints) and flows (hook, evaluator,
+    wait) import it."""
+    found = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p, tree in _modules(*PACKAGES)
+             if p != REPO / "vtg" / "eval_queue.py"
+             for line, value in _string_constants(tree) if any(name in value for name in QUEUE_NAMES)]
+    assert found == [], "use vtg.eval_queue (queue_path, results_path) instead of:\n" + "\n".join(found)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
+
+from vtg.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +29,8 @@ class DistInfo:
         return self.rank == 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prepare_env() -> None:
-    """Defaults a CPU run needs (DESIGN.md §4): one thread per rank, a project-local extension cache, and the
+    """Defaults a CPU run needs (docs/environment.md): one thread per rank, a project-local extension cache, and the
     rank variables a single process lacks (else DeepSpeed looks for mpi4py)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
@@ -134,3 +129,12 @@ def all_gather_objects(obj) -> list:
 def barrier() -> None:
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         torch_dist.barrier()
+
+
+def broadcast(obj, dist: DistInfo):
+    """Rank 0's `obj` on every rank (a no-op at world size 1)."""
+    if dist.world_size == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]

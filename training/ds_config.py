@@ -42,7 +42,7 @@ def build_ds_config(tcfg, world_size: int, gpu: bool | None = None) -> dict:
         "zero_optimization": zero_section(tcfg, gpu),
         "bf16": {"enabled": tcfg.precision == "bf16"},
         "fp16": {"enabled": tcfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
-        # We pass our own optimizer (training/optim.py): torch AdamW, so no fused_adam JIT compile (DESIGN.md §4),
+        # We pass our own optimizer (training/optim.py): torch AdamW, so no fused_adam JIT compile (docs/environment.md),
         # or DeepSpeedCPUAdam with optimizer offload, which DeepSpeed then insists on.
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": bool(tcfg.offload_optimizer),

@@ -1,12 +1,15 @@
 """Two engines behind one small interface: DeepSpeed ZeRO 0-3 (default) and PyTorch FSDP2 (`fully_shard`).
 
-The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss), step() -> True on an optimizer step, grad_norm(),
-lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0) for the HF export.
+The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss), step() -> True
+on an optimizer step, grad_norm(), lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0)
+for the HF export. Both are built from `EngineSettings`: SFT's from the `train` section, RL's from the `rl` section
+(a constant lr, its own clip and ZeRO stage) over the same precision and strategy.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,13 +17,54 @@ import torch
 from training.ds_config import build_ds_config
 from training.optim import build_optimizer, build_scheduler
 from vtg.errors import VTGError
+from vtg.model.modeling import half_dtype
 
 log = logging.getLogger(__name__)
 DS_TAG = "state"
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine, its optimizer and its lr schedule are built from (`training.optim`, `training.ds_config`)."""
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    grad_clip: float
+    warmup_ratio: float
+    min_lr_ratio: float
+    max_steps: int
+    """Optimizer steps the schedule spans."""
+    micro_batch_size: int
+    grad_accum: int
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    precision: str
+    strategy: str
+
+    @classmethod
+    def for_sft(cls, tcfg) -> EngineSettings:
+        """The `train` section as it is: warmup + cosine over `train.max_steps`."""
+        return cls(lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay, grad_clip=tcfg.grad_clip,
+                   warmup_ratio=tcfg.warmup_ratio, min_lr_ratio=tcfg.min_lr_ratio, max_steps=tcfg.max_steps,
+                   micro_batch_size=tcfg.micro_batch_size, grad_accum=tcfg.grad_accum, zero_stage=tcfg.zero_stage,
+                   offload_optimizer=tcfg.offload_optimizer, offload_param=tcfg.offload_param,
+                   precision=tcfg.precision, strategy=tcfg.strategy)
+
+    @classmethod
+    def for_rl(cls, cfg, micro_steps: int) -> EngineSettings:
+        """RL's optimizer over SFT's precision, strategy and offload: constant `rl.lr` (no warmup, no decay), RL's
+        clip and ZeRO stage, no weight decay; gradients accumulate over the rollout's `micro_steps` micro-batches."""
+        r, t = cfg.rl, cfg.train
+        return cls(lr=r.lr, betas=tuple(r.betas), weight_decay=0.0, grad_clip=r.grad_clip, warmup_ratio=0.0,
+                   min_lr_ratio=1.0, max_steps=r.max_steps * r.updates_per_rollout, micro_batch_size=r.micro_batch_size,
+                   grad_accum=micro_steps, zero_stage=r.zero_stage, offload_optimizer=t.offload_optimizer,
+                   offload_param=t.offload_param, precision=t.precision, strategy=t.strategy)
+
+
 class DeepSpeedEngine:
-    def __init__(self, model: torch.nn.Module, tcfg, world_size: int):
+    def __init__(self, model: torch.nn.Module, tcfg: EngineSettings, world_size: int):
         import deepspeed
 
         self.stage = tcfg.zero_stage
@@ -82,14 +126,14 @@ class DeepSpeedEngine:
 class FSDPEngine:
     """FSDP2: each decoder layer and vision block is its own `fully_shard` unit, then the root."""
 
-    def __init__(self, model: torch.nn.Module, tcfg, world_size: int):
+    def __init__(self, model: torch.nn.Module, tcfg: EngineSettings, world_size: int):
         import warnings
 
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # HF returns a ModelOutput whose loss is a view; we never modify it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
+        dtype = half_dtype(tcfg.precision)
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         for unit in _shard_units(model):
             fully_shard(unit, mp_policy=mp)
@@ -183,7 +227,7 @@ def _shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def build_engine(model: torch.nn.Module, tcfg, world_size: int):
+def build_engine(model: torch.nn.Module, tcfg: EngineSettings, world_size: int):
     if tcfg.strategy == "fsdp":
         if tcfg.zero_stage != 2 or tcfg.offload_optimizer or tcfg.offload_param:
             log.info("strategy fsdp: zero_stage/offload settings are DeepSpeed's and are ignored")

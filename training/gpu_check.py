@@ -36,19 +36,12 @@ from pathlib import Path
 from vtg import checkpoints
 from vtg.cli_common import run_cli
 from vtg.errors import VTGError
+from vtg.net import free_port
 from vtg.shards import write_synthetic_shards
 
 EXPERIMENT = "qwen25vl_3b_lora_1gpu"
 BASE = "shape-true:Qwen/Qwen2.5-VL-3B-Instruct"
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _overrides(a: argparse.Namespace, work: Path, depth: str) -> list[str]:
@@ -118,7 +111,7 @@ def check(a: argparse.Namespace) -> dict:
 
     first = out / "train.json"
     timings["train_s"] = _run(py + ["training", *params, *ov, "--summary", str(first)], out / "train.log",
-                              {**env, "MASTER_PORT": _free_port()})
+                              {**env, "MASTER_PORT": str(free_port())})
     summary = json.loads(first.read_text())
 
     half = a.steps // 2  # resume: the half-way checkpoint alone in a fresh root, trained to the end again
@@ -129,7 +122,7 @@ def check(a: argparse.Namespace) -> dict:
     second = out / "resume.json"
     timings["resume_s"] = _run(py + ["training", *params, *ov, f"train.out_dir={resumed_root}",
                                      "--summary", str(second)], out / "resume.log",
-                               {**env, "MASTER_PORT": _free_port()})
+                               {**env, "MASTER_PORT": str(free_port())})
     a_loss, b_loss = _losses(first), _losses(second)
     after = sorted(s for s in b_loss if s > half)
     mismatched = [s for s in after if a_loss.get(s) != b_loss[s]]

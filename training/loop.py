@@ -6,11 +6,9 @@ FSDP2). Side effects go through callbacks; this module imports no tracker.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +18,16 @@ import torch
 from training.callbacks import Callback, CallbackList, default_callbacks
 from training.data import StreamSpec, make_loader, read_examples, resolve_urls
 from training.dist import (
-    DistInfo,
     all_reduce_max,
     all_reduce_sum,
-    barrier,
+    broadcast,
     init_distributed,
-    rng_state,
     seed_everything,
     set_determinism,
-    set_rng_state,
 )
-from training.engine import build_engine
+from training.engine import EngineSettings, build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
+from training.lifecycle import RunLifecycle
 from training.metrics import PerfMonitor, model_flops, vision_patches
 from training.preflight import check_before_training
 from training.sanity import (
@@ -42,12 +38,17 @@ from training.sanity import (
     check_shards_manifest,
     check_tokenizer,
 )
-from vtg import checkpoints as ckpt
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
 from vtg.config._base import trajectory_view, view_hash
 from vtg.errors import VTGError
-from vtg.model.modeling import apply_finetune_mode, choose_attn_implementation, count_parameters, resolve_base
+from vtg.model.modeling import (
+    count_parameters,
+    half_dtype,
+    load_model_and_tokenizer,
+    resolve_base,
+    torch_dtype,
+)
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from vtg.shards import data_version
 
@@ -67,6 +68,10 @@ class RunState:
     losses: list[float] = field(default_factory=list)
 
 
+TRAIN_KEY = "train_hash"
+"""meta.json key of the SFT run key (`train_hash`): resuming needs a match."""
+
+
 def train_hash(tcfg) -> str:
     """Hash of what determines the trajectory (run length, logging, hooks and paths excluded: the fields marked
     `RUN_LENGTH` or `NOT_OUTPUT`): resuming needs a match."""
@@ -74,141 +79,18 @@ def train_hash(tcfg) -> str:
 
 
 def build_model(tcfg, device: torch.device):
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # weight loading/saving bars would interleave with ours
-
+    """The model to train from `train.model.base` (the shared loader, `vtg.model.modeling`), its tokenizer told how
+    examples are encoded (every export records it), and the resolved base path."""
     base = resolve_base(tcfg.model.base)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision, torch.float32)
-    attn = choose_attn_implementation(tcfg.model.attn_implementation, device, dtype)
     try:
-        model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(base)
-    except OSError as e:
-        raise VTGError(f"train.model.base={tcfg.model.base!r}: cannot load ({str(e).splitlines()[0]})") from None
-    model.config.use_cache = False
+        model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(tcfg.precision),
+                                                    attn_implementation=tcfg.model.attn_implementation,
+                                                    trainable=True, finetune=tcfg.model)
+    except VTGError as e:
+        raise VTGError(f"train.model.base={tcfg.model.base!r}: {e}") from None
     tokenizer.init_kwargs[TIMESTAMPS_KEY] = tcfg.data.timestamps  # encode_example and every export follow it
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = tcfg.data.query_position
-    if tcfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    model = apply_finetune_mode(model, tcfg.model.finetune, lora_r=tcfg.model.lora_r,
-                                lora_alpha=tcfg.model.lora_alpha, freeze_vision=tcfg.model.freeze_vision)
-    model.to(device).train()
     return model, tokenizer, base
-
-
-def _broadcast(obj, dist: DistInfo):
-    if dist.world_size == 1:
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _resume_dir(cfg: PipelineConfig, data_version: str) -> Path | None:
-    """Where to resume from (rank 0). Checkpoints of another trajectory are moved aside, never deleted."""
-    tcfg = cfg.train
-    root = Path(tcfg.out_dir)
-    if tcfg.resume not in ("auto", "never"):
-        # the full check (digests) before anything of it is opened: DeepSpeed unpickles its state files
-        try:
-            ckpt.read_checkpoint_meta(tcfg.resume, verify=True)
-        except VTGError as e:
-            raise VTGError(f"train.resume={tcfg.resume}: cannot resume from it: {e}") from None
-        return ckpt.resolve_checkpoint(tcfg.resume)
-    if tcfg.resume == "never":
-        if ckpt.has_checkpoints(root):
-            ckpt.move_aside(root, "train.resume=never starts a fresh run")
-        return None
-    latest = ckpt.latest_checkpoint(root, verify=True)  # newest that verifies; skipped ones are warned about
-    if latest is None:
-        return None
-    meta = ckpt.read_checkpoint_meta(latest)
-    why = None
-    if meta.get("train_hash") != train_hash(tcfg):
-        why = (f"{latest.name} was trained with other train settings (train_hash {meta.get('train_hash')} != "
-               f"{train_hash(tcfg)}); only max_steps, save_every, keep_last and logging may change to resume")
-    elif meta.get("data_version") != data_version:
-        why = f"{latest.name} was trained on data {str(meta.get('data_version'))[:12]}, the shards are now {data_version[:12]}"
-    if why:
-        ckpt.move_aside(root, why)
-        return None
-    return latest
-
-
-def _write_rank_state(checkpoint: Path, rank: int, state: dict) -> None:
-    """Run state, guard and python/numpy RNG as JSON; torch/CUDA RNG tensors apart (loadable weights_only)."""
-    rng = dict(state["rng"])
-    tensors = {"torch": rng.pop("torch"), "cuda": rng.pop("cuda")}
-    ckpt.write_json_atomic(ckpt.rank_state_file(checkpoint, rank), {**state, "rng": rng})
-    torch.save(tensors, ckpt.rank_rng_file(checkpoint, rank))
-
-
-def _read_rank_state(checkpoint: Path, rank: int) -> dict:
-    """What `_write_rank_state` wrote; nothing is unpickled (JSON, and tensors under `weights_only=True`).
-
-    An older checkpoint's single pickled `rank-<r>.pt` is read with `weights_only=True` too (numpy arrays allowed)."""
-    import pickle
-
-    import numpy as np
-
-    state_file, rng_file = ckpt.rank_state_file(checkpoint, rank), ckpt.rank_rng_file(checkpoint, rank)
-    try:
-        if state_file.is_file():
-            state = json.loads(state_file.read_text())
-            tensors = torch.load(rng_file, weights_only=True, map_location="cpu")
-            state["rng"] = {**state["rng"], "torch": tensors["torch"], "cuda": tensors["cuda"]}
-        elif rng_file.is_file():  # the layout before the run state moved to JSON
-            with torch.serialization.safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype,
-                                                   type(np.dtype(np.uint32))]):
-                state = torch.load(rng_file, weights_only=True, map_location="cpu")
-        else:
-            raise VTGError(f"{checkpoint}: no run state for rank {rank} ({state_file.name} is missing); "
-                           "exact resume needs every rank's state")
-        state["run"], state["guard"], state["rng"], state["num_workers"]  # all there (KeyError otherwise)
-    except VTGError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
-        raise VTGError(f"{checkpoint}: unreadable run state for rank {rank} "
-                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    return state
-
-
-def _protected(cfg: PipelineConfig) -> list[Path]:
-    """Checkpoints retention must keep; the one place that decides (`vtg.checkpoints.prune` obeys the list):
-    - the best one, as evaluation's pointer names it (`<evaluate.out_dir>/best.json`);
-    - while this run's checkpoints are evaluated one by one (then the orchestrator sets VTG_CHECKPOINT_QUEUE, the
-      file where the checkpoint hook reports each checkpoint), every reported checkpoint that has no evaluation
-      record yet in the orchestration index `<orchestration.state_dir>/checkpoint_evals.jsonl` (`flows.evaluation`
-      appends one line per finished evaluation; matched by directory and save time). A later save prunes it once
-      it is evaluated.
-    Training only reads these files; evaluation never writes into the checkpoint root."""
-    import json
-
-    best = ckpt.read_pointer(Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER)
-    keep = [best["path"]] if best else []
-    queue = os.environ.get(lineage.ENV_CHECKPOINT_QUEUE)
-    if not queue:
-        return keep
-
-    def reported(path: Path) -> set[tuple[str, float]]:
-        out = set()
-        for line in path.read_text().splitlines() if path.is_file() else []:
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:  # a line being appended right now
-                continue
-            if isinstance(item, dict) and item.get("checkpoint_dir"):
-                out.add((str(Path(item["checkpoint_dir"]).resolve()), round(float(item.get("saved_at") or 0), 3)))
-        return out
-
-    evaluated = reported(Path(cfg.orchestration.state_dir) / "checkpoint_evals.jsonl")
-    pending = sorted({Path(d) for d, t in reported(Path(queue)) - evaluated})
-    if pending:
-        log.info("retention keeps %s: evaluation pending", ", ".join(p.name for p in pending))
-    return keep + pending
 
 
 class Trainer:
@@ -216,34 +98,36 @@ class Trainer:
         self.cfg, self.tcfg = cfg, cfg.train
         check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
         self.dist = init_distributed(self.tcfg.strategy)
+        self.run = RunLifecycle(cfg, "train", TRAIN_KEY, self.dist)  # the lock first
+        try:
+            self._setup(callbacks)
+        except BaseException:
+            self.run.release()
+            raise
+
+    def _setup(self, callbacks: list[Callback] | None) -> None:
         seed_everything(self.tcfg.seed)
         set_determinism(self.tcfg.deterministic)
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
-        self.callbacks = CallbackList(default_callbacks(cfg, self.dist.is_main) if callbacks is None
+        self.callbacks = CallbackList(default_callbacks(self.cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
         self.vision = VisionParams.from_model_config(self.model.config)
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
-        self.data_version = _broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None,
-                                       self.dist)
+        self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
         self.git_commit = lineage.git_commit()
         self.trainable, self.total = count_parameters(self.model)
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
                                    self.dist.is_main)
         self.sanity_checks()
-        # one trainer per checkpoint folder: rank 0 holds <out_dir>/.lock until the run ends (or the process dies)
-        self.lock = ckpt.lock_checkpoint_root(self.tcfg.out_dir) if self.dist.is_main else None
-        self.engine = build_engine(self.model, self.tcfg, self.dist.world_size)
+        self.engine = build_engine(self.model, EngineSettings.for_sft(self.tcfg), self.dist.world_size)
         self.guard = StabilityGuard.from_config(self.tcfg.guards)
         self.state = RunState()
         self.resumed_meta: dict = {}
         self.resume()
-        if self.lock is not None:
-            self.lock.refresh()  # resume may have moved the old root (and its lock file) aside
 
     def release_lock(self) -> None:
-        if getattr(self, "lock", None) is not None:
-            self.lock.release()
+        self.run.release()
 
     # ---- before step 1 -------------------------------------------------------------------------------
     def check_shards(self) -> None:
@@ -255,7 +139,7 @@ class Trainer:
                 check_shards_manifest(self.tcfg.shards_dir, self.tcfg.data.split)
             except SanityError as e:
                 problem = str(e)
-        problem = _broadcast(problem, self.dist)
+        problem = broadcast(problem, self.dist)
         if problem:
             raise SanityError(problem)
 
@@ -271,66 +155,26 @@ class Trainer:
         check_data_version(self.data_version)
 
     def resume(self) -> None:
-        src = _broadcast(str(_resume_dir(self.cfg, self.data_version) or "") if self.dist.is_main else None,
-                         self.dist)
-        if not src:
+        src, meta = self.run.resume_source(train_hash(self.tcfg), self.data_version)
+        if src is None:
             return
-        src = Path(src)
-        meta = ckpt.read_checkpoint_meta(src)  # rank 0 verified every digest (`_resume_dir`)
-        if meta.get("world_size", 1) != self.dist.world_size:
-            raise VTGError(f"{src}: saved with world size {meta.get('world_size')}, now {self.dist.world_size}; "
-                           "exact resume needs the same world size (or set train.resume=never)")
-        if meta.get("train_hash") != train_hash(self.tcfg):
-            raise VTGError(f"{src} was trained with different train settings (train_hash {meta.get('train_hash')} "
-                           f"!= {train_hash(self.tcfg)}); set train.resume=never to start over, or another "
-                           "train.out_dir")
-        if meta.get("data_version") != self.data_version:
-            log.warning("resuming %s (given as train.resume) trained on data %s, shards are now %s", src,
-                        meta.get("data_version"), self.data_version)
-        saved = _read_rank_state(src, self.dist.rank)
-        self.engine.load(ckpt.engine_dir(src))
-        if saved["num_workers"] != self.tcfg.data.num_workers:
-            raise VTGError(f"{src}: saved with train.data.num_workers={saved['num_workers']}; the data order "
-                           "depends on it, resume with the same value")
+        saved = self.run.restore(src, self.engine, self.tcfg.data.num_workers)
         self.state = RunState(**saved["run"])
         self.guard.load_state_dict(saved["guard"])
-        set_rng_state(saved["rng"])
         self.resumed_meta = meta
         log.info("resumed from %s (step %d, %d batches consumed)", src, self.state.step, self.state.batches)
 
     # ---- checkpointing -------------------------------------------------------------------------------
     def save(self, last_loss: float) -> Path | None:
-        step, root = self.state.step, Path(self.tcfg.out_dir)
-        tmp = ckpt.temp_dir_for(root, step)
-        if self.dist.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            ckpt.engine_dir(tmp).mkdir(parents=True)
-        barrier()
-        self.engine.save(ckpt.engine_dir(tmp))
-        _write_rank_state(tmp, self.dist.rank, {"run": self.state.__dict__, "guard": self.guard.state_dict(),
-                                                "rng": rng_state(), "num_workers": self.tcfg.data.num_workers})
-        state_dict = self.engine.full_state_dict()
-        final = None
-        if self.dist.is_main:
-            self.export_hf(state_dict, ckpt.export_dir(tmp))
-        barrier()  # every rank's files are in place before rank 0 lists and digests them into meta.json
-        if self.dist.is_main:
-            meta = {"data_version": self.data_version, "git_commit": self.git_commit,
-                    "config_hash": config_hash(self.cfg), "train_hash": train_hash(self.tcfg), "finetune": self.tcfg.model.finetune,
-                    "base": self.tcfg.model.base, "base_path": self.base_path, "world_size": self.dist.world_size,
-                    "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
-                    "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
-            final = ckpt.finalize(root, step, meta, self.cfg.model_dump(mode="json"), self.tcfg.keep_last,
-                                  protect=_protected(self.cfg))
-        barrier()
+        meta = {"data_version": self.data_version, "git_commit": self.git_commit, "config_hash": config_hash(self.cfg),
+                TRAIN_KEY: train_hash(self.tcfg), "finetune": self.tcfg.model.finetune, "base": self.tcfg.model.base,
+                "base_path": self.base_path, "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
+                "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
+        state = {"run": self.state.__dict__, "guard": self.guard.state_dict(), "num_workers": self.tcfg.data.num_workers}
+        final = self.run.save(self.state.step, self.engine, self.tokenizer, state, meta)
         if final is not None:
-            self.callbacks.on_checkpoint(final, step)
+            self.callbacks.on_checkpoint(final, self.state.step)
         return final
-
-    def export_hf(self, state_dict: dict | None, out: Path) -> None:
-        """save_pretrained of the full model, or of the adapter only for LoRA (peft filters the state dict)."""
-        self.engine.module.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
-        self.tokenizer.save_pretrained(out)
 
     # ---- the loop ------------------------------------------------------------------------------------
     def _loader(self):
@@ -354,7 +198,7 @@ class Trainer:
         start_wall, start_step = time.perf_counter(), st.step
         self.callbacks.on_train_start(self.run_info())
         stop_at = min(t.max_steps, stop_after) if stop_after else t.max_steps
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+        dtype = half_dtype(t.precision)
         micro_losses: list[float] = []
         step_samples = 0
         window = self.monitor.new_window()

@@ -37,7 +37,7 @@ log = logging.getLogger("training")
 MEMORY_WARN_PCT = 90.0
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIE": 756.0, "H100": 989.0, "A100": 312.0}
 """Dense bf16 peak TFLOP/s per device (vendor datasheets, no sparsity), matched in order as substrings of the
-upper-cased device name. Measured on an H200 here: ~790 TFLOP/s for a large bf16 matmul (DESIGN.md §5), so an
+upper-cased device name. Measured on an H200 here: ~790 TFLOP/s for a large bf16 matmul (docs/environment.md), so an
 MFU computed against 989 tops out near 0.8; set `train.peak_tflops` to use another denominator."""
 
 

@@ -148,7 +148,7 @@ def model_size(base: str) -> tuple[float, float]:
     if base.lower() in KNOWN_SIZES:
         return KNOWN_SIZES[base.lower()]
     with contextlib.suppress(KeyError, TypeError):  # a config that is not Qwen2.5-VL's: count a meta instance
-        if (found := arch_facts(base)) is not None:
+        if (found := arch_for(base)) is not None:
             return found[0].param_count()
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -183,6 +183,11 @@ class Arch:
         text = config.get("text_config") or config
         return cls(text, config["vision_config"],
                    bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))))
+
+    @classmethod
+    def from_facts(cls, facts: dict) -> Arch:
+        """The model folder's architecture facts (`vtg.model.shape_true.arch_facts`: text, vision fields)."""
+        return cls(facts["text"], facts["vision"], bool(facts["text"].get("tie_word_embeddings", False)))
 
     @classmethod
     def from_hf_config(cls, config) -> Arch:
@@ -237,13 +242,13 @@ def _hf_cached_config(base: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def arch_facts(base: str) -> tuple[Arch, str, object] | None:
+def arch_for(base: str) -> tuple[Arch, str, object] | None:
     """(architecture, where it came from, tokenizer or None) without weights or network; None if unknown.
 
     `tiny` and local directories: their `config.json` (and their tokenizer). `shape-true:` specs: the cut
     model's config (vtg/model/shape_true.py), not built. Hub ids: the Hugging Face cache's config.json when the
-    model was downloaded before (with its tokenizer when cached too), else the architecture facts in
-    `vtg/model/archs/` (no tokenizer: callers use the local one).
+    model was downloaded before (with its tokenizer when cached too), else the model folder's architecture facts
+    (`vtg.model.shape_true.arch_facts`, the files in `vtg/model/archs/`; no tokenizer: callers use the local one).
     """
     from vtg.model import shape_true
     from vtg.model.modeling import resolve_base
@@ -270,8 +275,7 @@ def arch_facts(base: str) -> tuple[Arch, str, object] | None:
     facts = shape_true.arch_facts(base)
     if facts is None:
         return None
-    return (Arch(facts["text"], facts["vision"], bool(facts["text"].get("tie_word_embeddings", False))),
-            f"vtg/model/archs ({facts['hub_id']})", None)
+    return Arch.from_facts(facts), f"vtg/model/archs ({facts['hub_id']})", None
 
 
 TEXT_LAYER_BASE, VISION_BLOCK_BASE = 22, 30

@@ -41,11 +41,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.plan import GB, Activations, Arch, Setup, activation_bytes, arch_facts, plan, trainable_params
+from training.plan import GB, Activations, Arch, Setup, activation_bytes, arch_for, plan, trainable_params
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError
-from vtg.model.processing import VisionParams, _video_block, build_messages, smart_resize, timestamp_mode
+from vtg.model.processing import VisionParams, build_messages, smart_resize, timestamp_mode, video_block
 
 log = logging.getLogger("training.preflight")
 
@@ -121,7 +121,7 @@ def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: 
     video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
     start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
     end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
-    block, _, _ = _video_block((start, video_token, end), torch.tensor([grid]), ts, vision,
+    block, _, _ = video_block((start, video_token, end), torch.tensor([grid]), ts, vision,
                                timestamp_mode(tokenizer, timestamps))
     prompt = prompt.replace(f"{start}{video_token}{end}", block)
     n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -262,7 +262,7 @@ class UnknownArchitecture(VTGError):
 
 def _model(base: str) -> tuple[Arch, str, object, str, str | None]:
     """(arch, its source, tokenizer, tokenizer note, system prompt to add)."""
-    found = arch_facts(base)
+    found = arch_for(base)
     if found is None:
         raise UnknownArchitecture(
             f"train.model.base={base!r}: no architecture facts without weights (not `tiny`, a local export, a "

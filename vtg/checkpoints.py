@@ -1,4 +1,4 @@
-"""Checkpoint directory contract (DESIGN.md §3): self-describing, atomic, resumable. The one home of its layout.
+"""Checkpoint directory contract (docs/architecture.md): self-describing, atomic, resumable. The one home of its layout.
 
 Layout under a checkpoint root (`train.out_dir`, default `checkpoints/sft/`; RL's `rl.out_dir`, default
 `checkpoints/rl/`, is the same, its meta.json adding `stage: rl`, `parent_checkpoint`, `parent_step`)::
@@ -39,7 +39,6 @@ names it and says why, and falls back to the newest one that does.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from vtg.errors import VTGError
+from vtg.io import file_digest, write_json_atomic  # also `ckpt.write_json_atomic` (training/loop.py)
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,6 @@ def rank_rng_file(checkpoint: str | Path, rank: int) -> Path:
 def temp_dir_for(root: str | Path, step: int) -> Path:
     """Deterministic temp path (every rank must agree on it)."""
     return Path(root) / f".tmp-{step_dir_name(step)}"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def read_config(checkpoint: str | Path) -> dict | None:
@@ -153,14 +147,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
         p = p / LATEST
     info = read_pointer(p) if (p.is_file() or p.is_symlink()) else None
     return info["path"] if info else p.resolve()
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def file_list(checkpoint: str | Path) -> list[dict]:

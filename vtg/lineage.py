@@ -11,12 +11,14 @@ import os
 import subprocess
 from pathlib import Path
 
+from vtg.io import file_digest, tree_digest
+
 # MLflow tag names (one place, so the lineage CLI can walk them).
 TAG_STAGE = "vtg.stage"  # corpus | ingest | preprocess | train | evaluate | pipeline
 TAG_GIT_COMMIT = "vtg.git_commit"
 TAG_CONFIG_HASH = "vtg.config_hash"
 TAG_SOURCE_DIGEST = "vtg.source_digest"  # annotations + videos that went into preprocess
-TAG_DATA_VERSION = "vtg.data_version"  # shard digest (see `tree_digest`)
+TAG_DATA_VERSION = "vtg.data_version"  # shard digest (see `vtg.io.tree_digest`)
 TAG_PREFECT_FLOW_RUN = "vtg.prefect_flow_run_id"
 TAG_TRAIN_RUN = "vtg.train_run_id"  # on eval runs: the training run they evaluate
 TAG_CHECKPOINT = "vtg.checkpoint"  # checkpoint path
@@ -26,23 +28,6 @@ TAG_PARENT_CHECKPOINT = "vtg.parent_checkpoint"  # on RL runs: the SFT checkpoin
 # Set by the orchestrator so that stage processes open their MLflow runs as children of the pipeline run.
 ENV_PARENT_RUN_ID = "VTG_MLFLOW_PARENT_RUN_ID"
 ENV_PREFECT_FLOW_RUN_ID = "VTG_PREFECT_FLOW_RUN_ID"
-
-
-def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def tree_digest(root: str | Path, pattern: str = "**/*") -> str:
-    """sha256 over (relative path, content sha256) of every file under `root`, in sorted order."""
-    root = Path(root)
-    h = hashlib.sha256()
-    for p in sorted(q for q in root.glob(pattern) if q.is_file()):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
-    return h.hexdigest()
 
 
 def git_commit(cwd: str | Path | None = None) -> str:

@@ -1,4 +1,4 @@
-"""The canonical record: one (video, query) pair after ingest (DESIGN.md §3)."""
+"""The canonical record: one (video, query) pair after ingest (docs/architecture.md)."""
 
 from __future__ import annotations
 

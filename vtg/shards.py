@@ -1,4 +1,4 @@
-"""The WebDataset sample contract (DESIGN.md §3) and a deterministic shard writer.
+"""The WebDataset sample contract (docs/architecture.md) and a deterministic shard writer.
 
 One sample = one window of one source video: JPEG frames `f000.jpg`, `f001.jpg`, ... and a `json` member
 described by `SampleMeta`. The Beam job writes shards with `write_shard`; tests build fixture shards with the
@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+from vtg.io import file_digest
 
 SHARD_PATTERN = "shard-%06d.tar"
 SPLITS = ("train", "val", "test")
@@ -195,8 +197,6 @@ def data_version(root: str | Path) -> str:
     manifest = read_manifest(root) or {}
     if manifest.get("data_version"):
         return str(manifest["data_version"])
-    from vtg.lineage import file_digest
-
     root = Path(root)
     found = [{"path": p.relative_to(root).as_posix(), "sha256": file_digest(p)}
              for split in SPLITS for p in sorted((root / split).glob("shard-*.tar"))]
@@ -269,8 +269,6 @@ def verify_shards(root: str | Path, split: str, manifest: dict | None = None) ->
 
     Returns the problems (empty: all good). Without a manifest there is nothing to check against: [] (the caller
     decides whether that deserves a warning; hand-made shards, e.g. test fixtures, have none)."""
-    from vtg.lineage import file_digest
-
     root = Path(root)
     manifest = read_manifest(root) if manifest is None else manifest
     if not manifest:

@@ -16,7 +16,8 @@ from evaluation.compare import compare
 from evaluation.query_types import GROUND_TRUTH_FILE, classify_samples
 from evaluation.registry import checkpoint_label, order_key, pick_best
 from evaluation.report import PLOTS, RL_PLOT, read_rl_steps, write_report
-from evaluation.store import history, step_rows, write_json_atomic
+from evaluation.store import history, step_rows
+from vtg.io import write_json_atomic
 from vtg.shards import write_shard
 
 ANNOTATIONS = "annotations/qvhighlights.jsonl"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import videokit as vk
 
-from vtg.lineage import file_digest
+from vtg.io import file_digest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -178,7 +178,7 @@ def test_bad_video_zoo_exact_accounting(tmp_path: Path):
     rotated = decode(str(tmp_path / "videos" / "rotated.mp4"), cfg)
     assert (rotated.width, rotated.height) == (96, 160)
     # Variable frame rate: decoded at its average rate (OpenCV's 8 fps) with frame times = index / 8, so inside
-    # this video the stored frame times are off by up to 1.5 s (the job assumes a constant rate; see README).
+    # this video the stored frame times are off by up to 1.5 s (the job assumes a constant rate; see docs/faults.md).
     vfr = decode(str(tmp_path / "videos" / "vfr.mp4"), cfg)
     assert vfr.fps == 8.0 and vfr.n_frames == 48
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.loop import _read_rank_state, _resume_dir, _write_rank_state
+from training.lifecycle import read_rank_state, resume_source, write_rank_state
+from training.loop import TRAIN_KEY, train_hash
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
 from vtg.errors import VTGError
@@ -33,7 +34,7 @@ def _checkpoint(root: Path, step: int = 2) -> Path:
     ckpt.engine_dir(tmp).mkdir()
     from training.dist import rng_state
 
-    _write_rank_state(tmp, 0, {"run": {"step": step, "batches": 3}, "guard": {"seen": 2}, "rng": rng_state(),
+    write_rank_state(tmp, 0, {"run": {"step": step, "batches": 3}, "guard": {"seen": 2}, "rng": rng_state(),
                                "num_workers": 0})
     return ckpt.finalize(root, step, dict(META), {}, keep_last=3)
 
@@ -46,7 +47,7 @@ def _rewrite_digests(checkpoint: Path) -> None:
 
 
 def test_rank_state_round_trips_without_pickle(tmp_path):
-    state = _read_rank_state(_checkpoint(tmp_path), 0)
+    state = read_rank_state(_checkpoint(tmp_path), 0)
     assert state["run"] == {"step": 2, "batches": 3} and state["guard"] == {"seen": 2}
     assert isinstance(state["rng"]["torch"], torch.Tensor) and len(state["rng"]["python"][1]) == 625
 
@@ -58,7 +59,7 @@ def test_crafted_rank_file_with_matching_digest_is_refused_not_run(tmp_path, tar
     _rewrite_digests(step)
     assert ckpt.is_complete(step, verify=True)
     with pytest.raises(VTGError, match="unreadable run state for rank 0"):
-        _read_rank_state(step, 0)
+        read_rank_state(step, 0)
     assert not marker.exists()
 
 
@@ -68,12 +69,12 @@ def test_explicit_resume_that_does_not_verify_is_one_clear_line(tmp_path):
     weights.write_bytes(b"x" * 64)  # same size, other bytes
     cfg = load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'ck'}", f"train.resume={step}"])
     with pytest.raises(VTGError) as e:
-        _resume_dir(cfg, "d")
+        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg.train), "d")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"train.resume={step}") and "hf/model.safetensors" in msg
     (step / ckpt.META_FILE).unlink()
     with pytest.raises(VTGError, match="no meta.json"):
-        _resume_dir(cfg, "d")
+        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg.train), "d")
 
 
 def test_older_pickled_rank_file_still_loads_with_weights_only(tmp_path):
@@ -86,7 +87,7 @@ def test_older_pickled_rank_file_still_loads_with_weights_only(tmp_path):
     old_rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                "cuda": None}
     torch.save({"run": {"step": 2}, "guard": {}, "rng": old_rng, "num_workers": 0}, ckpt.rank_rng_file(step, 0))
-    state = _read_rank_state(step, 0)
+    state = read_rank_state(step, 0)
     assert state["run"] == {"step": 2} and (state["rng"]["numpy"][1] == old_rng["numpy"][1]).all()
     from training.dist import set_rng_state
 

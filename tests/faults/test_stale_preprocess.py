@@ -27,7 +27,7 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 MAKE_SHARDS = """
 import json, tarfile
 from pathlib import Path
-from vtg.lineage import file_digest
+from vtg.io import file_digest
 from vtg.shards import MANIFEST, data_version_of, write_synthetic_shards
 
 root = Path("data/shards")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.events import on_checkpoint_saved
+from flows.report import report_markdown
 from flows.stages import ConfigArgs, StageFailed, run_stage, train_cmd
-from flows.tasks import report_markdown
 from vtg import lineage
 from vtg.config import load_config
 
@@ -147,3 +147,54 @@ def test_lineage_follows_an_rl_checkpoint_to_its_sft_parent_and_without_it_to_th
     ch = build_chain(c, exp, str(rl_ckpt))
     assert (ch.parent_checkpoint, ch.source_digest, ch.shard_digest, ch.pipeline_run) == (
         str(sft), "src1", "dv1", pipeline.run_id) and ch.train_run is None
+
+
+def test_metrics_and_params_flatten_nested_dicts_as_before():
+    from flows.tasks import _numbers
+    from flows.tracking import flatten
+
+    d = {"a": {"r1@0.5": 1, "ok": True, "name": "x", "b": {"c": 2.5}, "empty": {}}, "n": 3, "xs": [1, 2]}
+    assert _numbers(d) == {"a.r1_at_0.5": 1.0, "a.b.c": 2.5, "n": 3.0}
+    assert flatten(d) == {"a.r1@0.5": "1", "a.ok": "True", "a.name": "x", "a.b.c": "2.5", "n": "3", "xs": "[1, 2]"}
+
+
+TINY_FLOW = """
+import json, sys, urllib.request
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from flows.evaluator import CheckpointEvaluator, prefect_api_url
+from flows.stages import ConfigArgs
+from vtg.config import load_config
+
+@task(cache_policy=NO_CACHE)
+def where(evaluator: CheckpointEvaluator) -> dict:
+    url = prefect_api_url()
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:  # the server this flow run reports to
+        return {"url": url, "health": r.status, "queue": str(evaluator.queue)}
+
+@flow(persist_result=True)
+def tiny() -> dict:
+    ev = CheckpointEvaluator(load_config(sys.argv[1]), ConfigArgs(), None, "f", sys.argv[2])
+    ev.process = open(sys.argv[2] + ".log", "w")  # stands in for the Popen: neither picklable nor hashable
+    return where(evaluator=ev, return_state=True).result()
+
+assert prefect_api_url() is None  # outside a run: none (and no server started to answer)
+print(json.dumps(tiny()))
+"""
+
+
+@pytest.mark.slow  # an ephemeral Prefect server: 10-50 s
+def test_a_task_gets_the_evaluator_and_the_ephemeral_api_url_from_prefects_client(tmp_path: Path):
+    """The embedded evaluator reports to the flow's API: on the ephemeral server that is the address Prefect's
+    own client uses (no private server registry), and the evaluator object passes through a NO_CACHE task."""
+    from flowkit import project_env
+
+    script = tmp_path / "tiny_flow.py"
+    script.write_text(TINY_FLOW)
+    env = {**project_env(tmp_path), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, str(script), str(REPO / "params.yaml"), str(tmp_path / "q.jsonl")],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["url"].startswith("http://127.0.0.1:") and got["url"].endswith("/api") and got["health"] == 200
+    assert got["queue"] == str(tmp_path / "q.jsonl")

@@ -1,9 +1,9 @@
 """Retention never deletes a checkpoint whose evaluation is pending (or the best one).
 
-The trainer decides (`training.loop._protected`): while the orchestrator runs per-checkpoint evaluation it sets the
-checkpoint queue, where the hook (`flows.events`) reports every checkpoint; a reported checkpoint without a record in
-the evaluation index (`flows.evaluation.results_path`, appended after each finished evaluation) is kept, and a later
-save prunes it once evaluated. The evaluation never writes into the checkpoint root."""
+The trainer decides (`training.lifecycle.protected`): while the orchestrator runs per-checkpoint evaluation it
+sets the checkpoint queue, where the hook (`flows.events`) reports every checkpoint; a reported checkpoint without
+a record in the evaluation index (`vtg.eval_queue.results_path`, appended after each finished evaluation) is
+kept, and a later save prunes it once evaluated. The evaluation never writes into the checkpoint root."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.evaluation import results_path
-from flows.events import append_jsonl, on_checkpoint_saved
-from training.loop import _protected
+from flows.events import on_checkpoint_saved
+from training.lifecycle import protected
 from vtg import checkpoints as ckpt
-from vtg import lineage
+from vtg import eval_queue, lineage
 from vtg.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,13 +33,17 @@ def cfg(tmp_path):
         f"orchestration.state_dir={tmp_path / 'state'}"])
 
 
+def results_path(cfg) -> Path:
+    return eval_queue.results_path(cfg.orchestration.state_dir)
+
+
 def save(cfg, step: int) -> Path:
     """What the trainer does on rank 0 (`Trainer.save`): finalize with the protected set, then the hook."""
     root = Path(cfg.train.out_dir)
     tmp = ckpt.temp_dir_for(root, step)
     ckpt.export_dir(tmp).mkdir(parents=True)
     (ckpt.export_dir(tmp) / "model.safetensors").write_text(f"step {step}")
-    final = ckpt.finalize(root, step, dict(META), {}, cfg.train.keep_last, protect=_protected(cfg))
+    final = ckpt.finalize(root, step, dict(META), {}, cfg.train.keep_last, protect=protected(cfg))
     on_checkpoint_saved(str(final), step)
     return final
 
@@ -50,9 +53,8 @@ def evaluated(cfg, step: int) -> None:
     queue = Path(os.environ[lineage.ENV_CHECKPOINT_QUEUE])
     (item,) = [json.loads(x) for x in queue.read_text().splitlines()
                if json.loads(x).get("step") == step][-1:]
-    results_path(cfg).parent.mkdir(parents=True, exist_ok=True)
-    append_jsonl(results_path(cfg), {"checkpoint_dir": item["checkpoint_dir"], "step": step,
-                                     "saved_at": item["saved_at"], "metrics": {}})
+    eval_queue.append(results_path(cfg), {"checkpoint_dir": item["checkpoint_dir"], "step": step,
+                                          "saved_at": item["saved_at"], "metrics": {}})
 
 
 def on_disk(cfg) -> list[int]:
@@ -135,7 +137,7 @@ def test_slow_evaluator_loses_no_checkpoint_with_the_real_trainer(tmp_path, monk
         from train_fixtures import train_config, write_fixture_shards
     finally:
         sys.path.remove(str(REPO / "tests" / "training"))
-    from flows import tasks
+    from flows import evaluator as ev
     from flows.stages import ConfigArgs
     from training.callbacks import default_callbacks
     from training.loop import train
@@ -193,12 +195,12 @@ def test_slow_evaluator_loses_no_checkpoint_with_the_real_trainer(tmp_path, monk
                                                 if queue.with_suffix(".log").is_file() else "no evaluator log")
                 time.sleep(0.2)
 
-    placement = tasks.evaluation_placement(cfg)  # this machine: the CPU, concurrently
+    placement = ev.evaluation_placement(cfg)  # this machine: the CPU, concurrently
     assert placement.when == "concurrent" and placement.device == "cpu"
-    evaluator = tasks.start_evaluator(cfg, queue, ConfigArgs(str(REPO / "params.yaml")), None, placement)
+    evaluator = ev.start_evaluator(cfg, queue, ConfigArgs(str(REPO / "params.yaml")), None, placement)
     try:
         train(cfg, callbacks=default_callbacks(cfg, True) + [WaitForFirstEvaluation()])
-        append_jsonl(queue, {"done": True})
+        eval_queue.close(queue)
         assert evaluator.wait(timeout=300) == 0, queue.with_suffix(".log").read_text()
     finally:
         if evaluator.poll() is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,11 +13,7 @@ from pathlib import Path
 import pytest
 from flowkit import BIN, PY, STANDIN_OVERRIDES, project_env, read_jsonl
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vtg.net import free_port
 
 
 def api_call(api: str, fn):

@@ -10,6 +10,8 @@ import sys
 import pytest
 from infra_paths import ROOT
 
+from vtg.net import free_port
+
 pytestmark = pytest.mark.slow
 
 PROBE = '''
@@ -26,12 +28,6 @@ with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
                "local_rank": int(os.environ["LOCAL_RANK"]), "args": sys.argv[1:]}, f)
 dist.destroy_process_group()
 '''
-
-
-def free_port() -> int:
-    from infra.native import free_port as fp
-
-    return fp()
 
 
 def test_two_nodes_from_a_rendered_hostfile_rendezvous_and_all_reduce(tmp_path):

@@ -134,7 +134,7 @@ def test_dvc_remote_on_the_s3_endpoint_is_the_source_of_truth_for_the_shards(sta
     run([dvc, "init", "-q"], env, cwd=repo)
     write_tiny_shards(repo / "data" / "shards")
     run([dvc, "add", "data/shards"], env, cwd=repo)
-    # The exact commands README "Scaling out" gives for the MinIO remote.
+    # The exact commands docs/scaling.md gives for the MinIO remote.
     run([dvc, "remote", "add", "-d", "minio", "s3://vtg-dvc/store"], env, cwd=repo)
     run([dvc, "remote", "modify", "minio", "endpointurl", stack["AWS_ENDPOINT_URL_S3"]], env, cwd=repo)
     run([dvc, "push", "-r", "minio"], env, cwd=repo)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 
@@ -40,15 +41,16 @@ def test_teacher_forced_logprobs_match_generate(sft):
     """The update scores exactly the distribution the rollout sampled from (temperature, suppressed vision
     tokens), token for token."""
     from training.rl import algo
-    from training.rl.loop import load_policy, load_train_queries
     from training.rl.rollout import encode_prompts, sample, teacher_forced_logits, vision_token_ids
+    from training.rl.start import load_train_queries
     from vtg import checkpoints
+    from vtg.model.modeling import load_model_and_tokenizer
     from vtg.model.processing import VisionParams
 
     tmp, shards, sft_dir = sft
     cfg = _cfg(tmp, shards, sft_dir)
-    model, tok = load_policy(checkpoints.export_dir(checkpoints.latest_checkpoint(sft_dir)), "cpu", torch.float32,
-                             True)
+    model, tok = load_model_and_tokenizer(checkpoints.export_dir(checkpoints.latest_checkpoint(sft_dir)),
+                                          device="cpu", dtype=torch.float32, trainable=True)
     examples = load_train_queries(cfg)[:3]
     encoded = encode_prompts(tok, examples, 4, VisionParams.from_model_config(model.config))
     captured = {}
@@ -85,13 +87,36 @@ def _history(rep: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _float(cell: str) -> float:
+    return float(cell) if cell != "" else math.nan  # steps.csv writes an unmeasured (NaN) value as ""
+
+
+def assert_same_steps(a: list[dict], b: list[dict], kl_every: int) -> None:
+    """Two steps.csv histories are bit-equal in every metric that does not time anything (`*_s`): the cells parsed
+    as floats and compared with ==. NaN is accepted only in `kl`, only on the steps where it is not measured by
+    design (kl_beta 0: every `kl_every`-th step), and only where both runs have it; every other cell is finite."""
+    from training.rl.loop import STEP_METRICS
+
+    keys = ["step", *(k for k in STEP_METRICS if not k.endswith("_s"))]
+    assert len(a) == len(b) and a
+    for ra, rb in zip(a, b, strict=True):
+        step = int(ra["step"])
+        for k in keys:
+            x, y = _float(ra[k]), _float(rb[k])
+            if k == "kl" and (kl_every == 0 or step % kl_every):
+                assert math.isnan(x) and math.isnan(y), (step, k, x, y)  # not measured on this step, in either run
+                continue
+            assert math.isfinite(x) and math.isfinite(y), (step, k, x, y)
+            assert x == y, (step, k, x, y)
+
+
 @pytest.mark.slow
 def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
     """Stop after step 2, resume: steps 3-4 give bit-equal rewards, losses and weights to an uninterrupted run.
     Checkpoints follow the SFT contract and name their parent; steps.csv and summary.json are written."""
     from safetensors.torch import load_file
 
-    from training.rl.loop import STEP_METRICS, run_rl
+    from training.rl.loop import run_rl
     from vtg import checkpoints
 
     _, shards, sft_dir = sft
@@ -106,8 +131,8 @@ def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
     (a, sa), (b, sb) = runs["straight"], runs["resumed"]
     assert sb["steps_run"] == 2 and sa["steps_run"] == 4
     ha, hb = _history(a / "rlrep"), _history(b / "rlrep")
-    keys = [k for k in STEP_METRICS if not k.endswith("_s")]
-    assert [[r[k] for k in keys] for r in ha] == [[r[k] for k in keys] for r in hb]
+    assert [int(r["step"]) for r in ha] == [1, 2, 3, 4]
+    assert_same_steps(ha, hb, kl_every=1)  # rl.kl_every=1 (`_cfg`): kl measured, so finite, on every step
     assert any(float(r["reward_std"]) > 0 for r in ha)  # a real signal, not all-zero rewards
     wa = load_file(checkpoints.export_dir(a / "rl" / "step-000004") / "model.safetensors")
     wb = load_file(checkpoints.export_dir(b / "rl" / "step-000004") / "model.safetensors")
@@ -143,29 +168,32 @@ def test_rl_raises_the_mean_reward(sft, tmp_path):
 @pytest.mark.slow
 def test_rl_world_size_2_zero3_torchrun(sft, tmp_path):
     """`torchrun -m training.rl` at world size 2 (gloo) under ZeRO-3: generate through partitioned parameters,
-    each rank its share of the queries, one checkpoint with both ranks' state, and a resume that continues."""
+    each rank its share of the queries, one checkpoint with both ranks' state, and an exact resume: stopped after
+    step 2 and resumed to step 3, the run's steps.csv and step-3 export are bit-equal to an uninterrupted run's."""
     import subprocess
     import sys
 
-    from training.dist import free_port
+    from safetensors.torch import load_file
+
     from vtg import checkpoints
+    from vtg.net import free_port
 
     _, shards, sft_dir = sft
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
     args = [f"train.shards_dir={shards}", f"train.out_dir={sft_dir}", f"evaluate.shards_dir={shards}",
-            f"rl.out_dir={tmp_path / 'rl'}", f"rl.report_dir={tmp_path / 'rep'}", "rl.init=latest", "rl.num_gpus=2",
-            "rl.zero_stage=3", "rl.queries_per_step=4", "rl.group_size=4", "rl.max_steps=3", "rl.save_every=2",
-            "rl.log_every=1", "rl.progress=false", "tracking.enabled=false"]
+            "rl.init=latest", "rl.num_gpus=2", "rl.zero_stage=3", "rl.queries_per_step=4", "rl.group_size=4",
+            "rl.max_steps=3", "rl.save_every=2", "rl.log_every=1", "rl.kl_every=2", "rl.progress=false",
+            "tracking.enabled=false"]
 
-    def run(*extra):
+    def run(root: Path, *extra):
         cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
-               "-m", "training.rl", *args, *extra]
+               "-m", "training.rl", *args, f"rl.out_dir={root / 'rl'}", f"rl.report_dir={root / 'rep'}", *extra]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
-    run("--stop-after", "2")
-    proc = run()
+    run(tmp_path, "--stop-after", "2")
+    proc = run(tmp_path)
     assert "resumed RL from" in proc.stderr
     meta = checkpoints.read_checkpoint_meta(tmp_path / "rl" / "step-000003", verify=True)
     assert meta["world_size"] == 2 and meta["stage"] == "rl"
@@ -173,6 +201,14 @@ def test_rl_world_size_2_zero3_torchrun(sft, tmp_path):
     assert {p.name for p in engine.glob("rank-*.json")} == {"rank-0.json", "rank-1.json"}
     rows = _history(tmp_path / "rep")
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
+
+    straight = tmp_path / "straight"
+    run(straight)
+    # rl.kl_every=2: kl measured (finite) on step 2, NaN by design on steps 1 and 3, in both runs
+    assert_same_steps(_history(straight / "rep"), rows, kl_every=2)
+    a = load_file(checkpoints.export_dir(straight / "rl" / "step-000003") / "model.safetensors")
+    b = load_file(checkpoints.export_dir(tmp_path / "rl" / "step-000003") / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_rl_off_leaves_an_empty_root_and_moves_old_checkpoints_aside(tmp_path):

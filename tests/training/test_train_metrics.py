@@ -202,7 +202,8 @@ def _gather_rank(rank: int, port: int, out) -> None:
 def test_all_gather_reduction_over_two_gloo_ranks():
     import torch.multiprocessing as mp
 
-    from training.dist import all_gather_objects, free_port
+    from training.dist import all_gather_objects
+    from vtg.net import free_port
 
     assert all_gather_objects("solo") == ["solo"]  # no process group: this process only
     ctx = mp.get_context("spawn")

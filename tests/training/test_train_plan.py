@@ -58,14 +58,14 @@ def test_param_counts_from_the_architecture_alone(tiny_model_dir):
     """Counted from config shapes: the published totals of the real models, and every tensor of the tiny export."""
     from safetensors import safe_open
 
-    from training.plan import arch_facts
-    from vtg.model.shape_true import arch_facts as facts_of
+    from training.plan import arch_for
+    from vtg.model.shape_true import arch_facts
 
     for hub_id in ("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"):
-        arch, source, tokenizer = arch_facts(hub_id)
+        arch, source, tokenizer = arch_for(hub_id)
         assert "vtg/model/archs" in source and tokenizer is None
-        assert arch.param_count()[0] == facts_of(hub_id)["total_params"]
-    arch, _, tokenizer = arch_facts("tiny")
+        assert arch.param_count()[0] == arch_facts(hub_id)["total_params"]
+    arch, _, tokenizer = arch_for("tiny")
     with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as f:
         shapes = [f.get_slice(k).get_shape() for k in f.keys()]  # noqa: SIM118 - safe_open is not a dict
     numels = [int(np.prod(s)) for s in shapes]
@@ -76,13 +76,13 @@ def test_param_counts_from_the_architecture_alone(tiny_model_dir):
 def test_trainable_params_match_the_finetune_modes(finetune, freeze_vision, tiny_model_dir):
     from transformers import AutoModelForImageTextToText
 
-    from training.plan import arch_facts, trainable_params
+    from training.plan import arch_for, trainable_params
     from vtg.model.modeling import apply_finetune_mode, count_parameters
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
     model = apply_finetune_mode(model, finetune, lora_r=8, freeze_vision=freeze_vision)
     trainable, _ = count_parameters(model)
-    assert trainable_params(arch_facts("tiny")[0], finetune, 8, freeze_vision) == trainable
+    assert trainable_params(arch_for("tiny")[0], finetune, 8, freeze_vision) == trainable
 
 
 def _saved_bytes(model, **inputs) -> int:

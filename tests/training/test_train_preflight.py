@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_fixtures import REPO_ROOT, synthetic_window, train_config
 
-from training.plan import Arch, activation_bytes, arch_facts
+from training.plan import Arch, activation_bytes, arch_for
 from training.preflight import (
     PreflightError,
     check_before_training,
@@ -46,7 +46,7 @@ def test_every_shipped_experiment_passes(experiment, tmp_path, capsys):
 
 
 def test_recipe_video_tokens_come_from_the_real_geometry():
-    """32 frames at 336 px through patch 14, 2x2 merge, temporal patch 2 = 2,304 video tokens (DESIGN.md §5)."""
+    """32 frames at 336 px through patch 14, 2x2 merge, temporal patch 2 = 2,304 video tokens (docs/environment.md)."""
     for experiment in ("qwen25vl_3b_lora_1gpu", "qwen25vl_7b_zero2_8gpu"):
         report = preflight(_cfg(experiment))
         assert report.tokens.video_tokens == (336 // 14) ** 2 // 4 * 32 // 2 == 2304
@@ -97,7 +97,7 @@ def test_a_recipe_nothing_can_fit_says_so():
 
 
 def test_activation_estimate_grows_with_sequence_and_checkpointing_lowers_it():
-    arch = arch_facts("Qwen/Qwen2.5-VL-7B-Instruct")[0]
+    arch = arch_for("Qwen/Qwen2.5-VL-7B-Instruct")[0]
     totals = []
     for seq in (512, 1024, 2048, 4096):
         full = activation_bytes(arch, seq, 1, vision_patches=4 * seq, vision_span=576)

@@ -30,10 +30,10 @@ import pytest
 import torch
 from train_fixtures import REPO_ROOT, write_fixture_shards
 
-from training.dist import free_port
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
 from vtg.model.shape_true import build_shape_true
+from vtg.net import free_port
 
 pytestmark = pytest.mark.slow
 

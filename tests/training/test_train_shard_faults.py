@@ -20,7 +20,7 @@ from training.data import StreamSpec, make_loader
 from training.loop import train
 from training.sanity import SanityError
 from vtg.errors import VTGError
-from vtg.lineage import file_digest
+from vtg.io import file_digest
 from vtg.model.processing import VisionParams
 from vtg.shards import MANIFEST, SPLITS, verify_shards
 

@@ -1,4 +1,4 @@
-"""Synthetic fixture shards with the DESIGN.md §3 contract, written with `vtg.shards.write_shard`.
+"""Synthetic fixture shards with the docs/architecture.md contract, written with `vtg.shards.write_shard`.
 
 Each window shows a coloured square over one random span (the queried event); the rest is grey. Two queries per
 window so that the one-example-per-query expansion is exercised.

@@ -2,7 +2,7 @@
 of exactly those tokens for the update.
 
 The prompts are built by the same `encode_example` as SFT and evaluation (same patchify, same prompt, same
-timing). Two traps, both measured (DESIGN.md §5): the generation config has no `top_k`, and transformers'
+timing). Two traps, both measured (docs/environment.md): the generation config has no `top_k`, and transformers'
 default of 50 would truncate sampling, so `top_k=0` is passed explicitly; and sampling over the whole
 vocabulary can emit `<|video_pad|>` and the other vision special tokens (then teacher forcing fails: video
 tokens no longer match the video features), so they are suppressed in `generate` and masked in the

@@ -29,6 +29,7 @@ from vtg.config.rl import RLConfig
 from vtg.config.tracking import TrackingConfig
 from vtg.config.train import TrainConfig
 from vtg.errors import ConfigError
+from vtg.util import flatten
 
 __all__ = [
     "ConfigError",
@@ -94,15 +95,8 @@ def _merge(dst: dict, src: dict, origin: dict[str, str], source: str, prefix: st
             dst[key] = value
             origin[dotted] = source
             if isinstance(value, dict):
-                for sub in _leaves(value, dotted + "."):
+                for sub in flatten(value, dotted):
                     origin[sub] = source
-
-
-def _leaves(d: dict, prefix: str) -> list[str]:
-    out = []
-    for k, v in d.items():
-        out.extend(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])
-    return out
 
 
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:

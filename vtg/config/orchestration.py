@@ -45,7 +45,7 @@ class OrchestrationConfig(Section):
     dvc_version: bool = True
     """Record the shards in dvc.lock (`dvc commit`) and push them to `dvc_remote` after preprocessing."""
     dvc_remote: str = "local"
-    """DVC remote the shards are pushed to (`.dvc/config`; S3/GCS in production, see README)."""
+    """DVC remote the shards are pushed to (`.dvc/config`; S3/GCS in production, see docs/scaling.md)."""
     eval_concurrently: bool = True
     """Evaluate every checkpoint while training continues (separate process, or event-triggered runs when served)."""
     eval_trigger: Literal["auto", "embedded", "events"] = "auto"

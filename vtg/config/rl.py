@@ -2,10 +2,11 @@
 
 from pydantic import Field, model_validator
 
-from vtg.config._base import NOT_OUTPUT, RUN_LENGTH, Section
+from vtg.config._base import NOT_OUTPUT, RUN_LENGTH
+from vtg.config.run import RunControl
 
 
-class RLConfig(Section):
+class RLConfig(RunControl):
     init: str = "best"
     """Start checkpoint: `best` (the SFT checkpoint that scores best on val by `evaluate.select_metric`, stored
     evaluations reused), `latest` (the newest SFT checkpoint), or a checkpoint directory."""
@@ -13,8 +14,6 @@ class RLConfig(Section):
     """RL checkpoint root (`step-%06d/`, same contract as SFT; meta.json names the parent checkpoint)."""
     report_dir: str = Field("reports/rl", json_schema_extra=NOT_OUTPUT)
     """Per-step metrics (`steps.csv`) and the run summary (`summary.json`) for DVC and the report."""
-    seed: int = 42
-    """Seeds query order and sampling on every rank."""
     max_steps: int = Field(300, ge=1, json_schema_extra=RUN_LENGTH)
     """Policy updates (one rollout of queries_per_step x group_size answers each)."""
     queries_per_step: int = Field(8, ge=1)
@@ -65,16 +64,6 @@ class RLConfig(Section):
     """Warn when `rl/entropy` falls below this (mode collapse)."""
     save_every: int = Field(100, ge=1, json_schema_extra=RUN_LENGTH)
     """Checkpoint every N steps (and at the end)."""
-    keep_last: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
-    """Keep the last K RL checkpoints (plus best and those awaiting evaluation)."""
-    resume: str = Field("auto", json_schema_extra=NOT_OUTPUT)
-    """`auto`: continue from `<out_dir>/latest` of the same run; `never`: start fresh; or a checkpoint path."""
-    log_every: int = Field(10, ge=1, json_schema_extra=NOT_OUTPUT)
-    """Metrics are logged every N steps."""
-    checkpoint_hooks: list[str] = Field(default_factory=list, json_schema_extra=NOT_OUTPUT)
-    """`module:function` paths called as fn(checkpoint_dir, step) after each complete RL checkpoint."""
-    progress: bool = Field(True, json_schema_extra=NOT_OUTPUT)
-    """Console progress bar."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -82,7 +71,4 @@ class RLConfig(Section):
             raise ValueError("difficulty_min_iou must be <= difficulty_max_iou")
         if self.queries_per_step % self.num_gpus:
             raise ValueError(f"queries_per_step ({self.queries_per_step}) must divide by num_gpus ({self.num_gpus})")
-        for hook in self.checkpoint_hooks:
-            if ":" not in hook:
-                raise ValueError(f"checkpoint hook {hook!r} must look like package.module:function")
         return self

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from vtg.config._base import NOT_OUTPUT, RUN_LENGTH, Section
+from vtg.config.run import RunControl
 
 
 class ModelConfig(Section):
@@ -63,7 +64,7 @@ class GuardConfig(Section):
     """Abort the run after this many skipped batches in a row (the run has diverged)."""
 
 
-class TrainConfig(Section):
+class TrainConfig(RunControl):
     model: ModelConfig = ModelConfig()
     """The model to fine-tune."""
     data: DataConfig = DataConfig()
@@ -76,8 +77,6 @@ class TrainConfig(Section):
     """SFT checkpoint root: `step-%06d/` and `latest` (RL writes beside it, in `rl.out_dir`)."""
     strategy: Literal["deepspeed", "fsdp"] = "deepspeed"
     """Distributed engine: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`) as the ZeRO-3 alternative."""
-    seed: int = 42
-    """Seeds python, numpy and torch on every rank."""
     max_steps: int = Field(1500, ge=1, json_schema_extra=RUN_LENGTH)
     """Optimizer steps."""
     lr: float = Field(3e-3, gt=0, le=1)
@@ -117,16 +116,6 @@ class TrainConfig(Section):
     a CPU or an unknown GPU no MFU is logged."""
     save_every: int = Field(500, ge=1, json_schema_extra=RUN_LENGTH)
     """Checkpoint every N steps."""
-    keep_last: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
-    """Keep the last K step checkpoints (plus best)."""
-    resume: str = Field("auto", json_schema_extra=NOT_OUTPUT)
-    """`auto`: continue from `<out_dir>/latest` if present; `never`: start fresh; or a checkpoint path."""
-    log_every: int = Field(10, ge=1, json_schema_extra=NOT_OUTPUT)
-    """Metrics are logged every N steps."""
-    checkpoint_hooks: list[str] = Field(default_factory=list, json_schema_extra=NOT_OUTPUT)
-    """`module:function` paths called as fn(checkpoint_dir, step) on rank 0 after each complete checkpoint."""
-    progress: bool = Field(True, json_schema_extra=NOT_OUTPUT)
-    """Console progress bar on rank 0."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -137,7 +126,4 @@ class TrainConfig(Section):
         if self.model.attn_implementation == "flash_attention_2" and self.precision == "fp32":
             raise ValueError("model.attn_implementation=flash_attention_2 needs precision bf16 or fp16 "
                              "(flash-attn has no fp32 kernels)")
-        for hook in self.checkpoint_hooks:
-            if ":" not in hook:
-                raise ValueError(f"checkpoint hook {hook!r} must look like package.module:function")
         return self

@@ -1,6 +1,7 @@
-"""The model side that training and evaluation share: build, load (full or LoRA export), attention choice.
+"""The model side that training and evaluation share: the one model loader, the precision map, attention choice.
 
-Evaluation runs in its own process on a checkpoint's `hf/` export and calls only `load_model_and_tokenizer`.
+`load_model_and_tokenizer` is the only way a model is loaded: SFT (a base with its fine-tuning mode applied),
+RL (the policy from a checkpoint's export, trainable; the frozen reference), evaluation and the benchmarks.
 """
 
 from __future__ import annotations
@@ -15,15 +16,29 @@ from vtg.errors import VTGError
 from vtg.model.tiny import build_tiny_model
 
 __all__ = [
+    "DTYPES",
     "apply_finetune_mode",
     "build_tiny_model",
     "choose_attn_implementation",
     "count_parameters",
     "load_model_and_tokenizer",
     "resolve_base",
+    "torch_dtype",
 ]
 
 log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""`train.precision` -> torch dtype: the one map."""
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    return DTYPES[precision]
+
+
+def half_dtype(precision: str) -> torch.dtype | None:
+    """The reduced-precision dtype of `precision`, or None for fp32 (inputs and FSDP's policy stay as they are)."""
+    return None if precision == "fp32" else DTYPES[precision]
 
 
 def choose_attn_implementation(requested: str = "auto", device: str | torch.device = "cpu",
@@ -75,15 +90,23 @@ def _default_dtype(device: str | torch.device) -> torch.dtype:
 
 
 def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str = "auto",
-                             device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Load a full HF export, a LoRA adapter export (adapter + its base), or `tiny`. Returns (model, tokenizer).
+                             device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                             trainable: bool = False, finetune=None, seed: int = 0):
+    """Load a full HF export, a LoRA adapter export (adapter + its base), a hub id/local path, `tiny` or a
+    `shape-true:` spec. Returns (model, tokenizer).
 
+    - `trainable=False` (evaluation, RL's frozen reference): eval mode, no parameter requires grad.
+    - `trainable=True` with an adapter export (RL's policy): the adapters train, the base stays frozen.
+    - `trainable=True` with `finetune` (a `train.model` section; SFT from a base): KV cache off, gradient
+      checkpointing if asked, then full fine-tuning or fresh LoRA adapters (`apply_finetune_mode`).
     The tokenizer comes from the export when it holds one (every checkpoint `hf/` does), else from the base.
     """
     from transformers import AutoModelForImageTextToText, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # weight loading/saving bars would interleave with ours
     path = Path(str(path_or_id))
-    source = resolve_base(str(path_or_id))
+    source = resolve_base(str(path_or_id), seed=seed)
     dtype = dtype or _default_dtype(device)
     attn = choose_attn_implementation(attn_implementation, device, dtype)
     adapter_cfg = path / "adapter_config.json"
@@ -95,15 +118,25 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
             if not base:
                 raise VTGError(f"{adapter_cfg}: no base_model_name_or_path; cannot load the LoRA base")
             model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
-            model = PeftModel.from_pretrained(model, str(path))
+            model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
             tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base
         else:
             model = AutoModelForImageTextToText.from_pretrained(source, attn_implementation=attn, dtype=dtype)
             tok_src = source
         tokenizer = AutoTokenizer.from_pretrained(tok_src)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError) as e:
         raise VTGError(f"cannot load model from {path_or_id}: {str(e).splitlines()[0]}") from None
-    model.to(device).eval()
+    if not trainable:
+        model.to(device).eval().requires_grad_(False)
+        return model, tokenizer
+    if finetune is not None:
+        model.config.use_cache = False
+        if finetune.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        model = apply_finetune_mode(model, finetune.finetune, lora_r=finetune.lora_r, lora_alpha=finetune.lora_alpha,
+                                    freeze_vision=finetune.freeze_vision)
+    model.to(device).train()
     return model, tokenizer
 
 

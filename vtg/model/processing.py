@@ -1,6 +1,6 @@
 """Turn (frames, timestamps, query, answer) into Qwen2.5-VL model inputs, without transformers' video processor.
 
-transformers' video processor needs torchvision, which cannot live beside the CPU torch here (DESIGN.md §4), so
+transformers' video processor needs torchvision, which cannot live beside the CPU torch here (docs/environment.md), so
 the patchify step is ours: resize to a multiple of patch x merge (PIL bicubic, as `Qwen2VLImageProcessor`
 does), rescale, normalise with the CLIP mean/std, and the same (t, h, w) -> (merged patch) reshape. It matches
 `Qwen2VLImageProcessor` exactly (tests/training/test_processing.py).
@@ -121,7 +121,7 @@ def timestamp_mode(tokenizer, requested: str | None = None) -> str:
     return _export_choice(tokenizer, TIMESTAMPS_KEY, requested, TIMESTAMP_MODES, DEFAULT_TIMESTAMPS, "timestamps")
 
 
-def _video_block(tokens: tuple[str, str, str], grid: torch.Tensor, timestamps: Sequence[float],
+def video_block(tokens: tuple[str, str, str], grid: torch.Tensor, timestamps: Sequence[float],
                  vision: VisionParams, mode: str) -> tuple[str, torch.Tensor, int]:
     """The text that replaces the template's single video placeholder, the per-video grids, and #groups.
 
@@ -170,7 +170,7 @@ def encode_example(
     `answer` is the target text, which callers build with `vtg.answer.format_answer` (see `answer_text`).
     Labels are -100 everywhere except the answer tokens and the closing `<|im_end|>`. `max_length` truncation
     that would cut the answer raises ValueError (the sanity checks turn it into a clear error).
-    `timestamps_mode` (`text` or `rope`, see `_video_block`) defaults to what the tokenizer was exported with.
+    `timestamps_mode` (`text` or `rope`, see `video_block`) defaults to what the tokenizer was exported with.
     """
     if len(timestamps) != len(frames):
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
@@ -185,7 +185,7 @@ def encode_example(
     if prompt.count(video_token) != 1 or placeholder not in prompt:
         raise ValueError(f"chat template must render exactly one {placeholder} for a video, got "
                          f"{prompt.count(video_token)} {video_token}")
-    block, grid_rows, groups = _video_block((start, video_token, end), grid, timestamps, vision,
+    block, grid_rows, groups = video_block((start, video_token, end), grid, timestamps, vision,
                                             timestamp_mode(tokenizer, timestamps_mode))
     prompt = prompt.replace(placeholder, block)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -7,8 +7,9 @@ cut vocabulary. The real *recipe* (LoRA on the real module names, freeze_vision,
 micro-batch, gradient checkpointing, export and reload) then runs on a CPU, and the GPU path sees the real
 matrix shapes. Nothing is downloaded: the architecture facts are data in this repository.
 
-**Architecture facts** (`vtg/model/archs/<name>.json`, one file per hub model; read by `arch_facts`, and by
-the training pre-flight). One JSON object, field names as in the model's published `config.json`:
+**Architecture facts** (`vtg/model/archs/<name>.json`, one file per hub model; read by `arch_facts`, their one
+home: the memory planner and the training pre-flight build on it through `training.plan.arch_for`). One JSON
+object, field names as in the model's published `config.json`:
 
     hub_id        "Qwen/Qwen2.5-VL-3B-Instruct" (matched case-insensitively)
     source        where the numbers come from

@@ -1,6 +1,6 @@
 """A tiny Qwen2.5-VL (same architecture, random init) and a locally trained tokenizer, for CPU runs and tests.
 
-The recipe is DESIGN.md §4's: text 64 wide x 2 layers, 4 heads / 2 KV heads, `mrope_section` [4, 2, 2];
+The recipe is docs/environment.md's: text 64 wide x 2 layers, 4 heads / 2 KV heads, `mrope_section` [4, 2, 2];
 vision 32 wide x 2 blocks, patch 14, merge 2, temporal patch 2; a byte-level BPE (~390 tokens, single digits)
 with the Qwen-VL special tokens and a chat template. Built deterministically from `seed` and saved with
 `save_pretrained`, so it reloads like any hub checkpoint. Nothing is downloaded.

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from standin_stages import record_call
 from vtg import checkpoints, lineage
+from vtg.io import tree_digest
 
 
 def evaluate_checkpoint(checkpoint_dir: str, split: str, cfg) -> dict:
     record_call(f"evaluate:{Path(checkpoint_dir).name}:{split}")
     meta = checkpoints.read_checkpoint_meta(checkpoint_dir)
-    content = lineage.tree_digest(Path(checkpoint_dir).resolve())[:16]
+    content = tree_digest(Path(checkpoint_dir).resolve())[:16]
     stored = Path(cfg.evaluate.store_dir) / f"{Path(checkpoint_dir).resolve().name}-{content}-{split}.json"
     stored.parent.mkdir(parents=True, exist_ok=True)
     if stored.is_file():

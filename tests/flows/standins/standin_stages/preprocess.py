@@ -4,7 +4,7 @@ import tarfile
 from pathlib import Path
 
 from standin_stages import parse, write_json
-from vtg.lineage import file_digest
+from vtg.io import file_digest
 from vtg.shards import MANIFEST, data_version_of
 
 args, cfg = parse("preprocess")

@@ -1,0 +1,51 @@
+"""The RL stage's report files (`steps.csv`, `summary.json` in `rl.report_dir`; names in `vtg.rl_outputs`) and the
+run summary they hold."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from vtg.rl_outputs import STEPS_CSV, SUMMARY_JSON
+
+STAGE = "rl"
+STEP_METRICS = ("reward_mean", "reward_std", "iou_mean", "parse_failure_rate", "kl", "entropy", "clip_frac",
+                "zero_advantage_groups", "rollout_s", "update_s")
+"""Per-step metrics (`rl/<name>` in the tracker; columns of the steps CSV after `step`)."""
+
+
+def run_summary(state, parent: Path, parent_step, max_steps: int) -> dict:
+    """Run summary: the start, the filter's counts, and first/last-10-step means of the metrics."""
+    h = state.history
+
+    def mean(rows: list[dict], k: str) -> float:
+        vals = [x[k] for x in rows if x.get(k) is not None and math.isfinite(x[k])]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    first, last = h[:10], h[-10:]
+    out = {"stage": STAGE, "enabled": True, "step": state.step, "completed": state.step >= max_steps,
+           "parent_checkpoint": str(parent), "parent_step": parent_step, "difficulty": state.difficulty}
+    for k in STEP_METRICS:
+        out[f"first10/{k}"], out[f"last10/{k}"] = mean(first, k), mean(last, k)
+    return out
+
+
+def write_outputs(summary: dict, history: list[dict], report_dir: Path) -> None:
+    """`steps.csv` (one row per step) and `summary.json` in the RL report folder (what DVC and the report read)."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with (report_dir / STEPS_CSV).open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", *STEP_METRICS])
+        for row in history:
+            w.writerow([row["step"], *(_fmt(row.get(k)) for k in STEP_METRICS)])
+    (report_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    return repr(float(v))

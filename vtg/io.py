@@ -1,0 +1,36 @@
+"""File I/O shared by every stage: atomic JSON writes and content digests (one home, like datatrove's io.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write `data` as JSON (indent 2, sorted keys, trailing newline) to a temp file beside `path`, then
+    `os.replace` it there: a reader sees the old file or the new one, never a partial one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 (hex) of a file's content, read `chunk` bytes at a time."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_digest(root: str | Path, pattern: str = "**/*") -> str:
+    """sha256 over (relative path, content sha256) of every file under `root`, in sorted order."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.glob(pattern) if q.is_file()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
+    return h.hexdigest()
