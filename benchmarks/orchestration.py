@@ -113,8 +113,9 @@ def flow(d: Path, ov: list[str]) -> float:
 
 
 def delays(d: Path) -> list[float]:
-    path = d / "reports" / "orchestration" / "checkpoint_evals.jsonl"
-    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    from vtg import eval_queue
+
+    recs = eval_queue.read(eval_queue.results_path(d / "reports" / "orchestration"))
     return [r["started_at"] - r["saved_at"] for r in recs if r.get("split") == "val" and r.get("saved_at")]
 
 

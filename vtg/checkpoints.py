@@ -263,9 +263,13 @@ def prune(root: str | Path, keep_last: int, protect: Iterable[Path] = ()) -> lis
     evaluation is pending; the trainer computes that set); return deleted."""
     root = Path(root)
     protected = {Path(p).resolve() for p in protect}
-    doomed = [p for p in list_checkpoints(root)[:-keep_last] if p.resolve() not in protected]
+    complete = list_checkpoints(root)
+    doomed = [p for p in complete[:-keep_last] if p.resolve() not in protected]
+    kept = [p.name for p in complete[:-keep_last] if p.resolve() in protected]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
+        log.info("retention: removed %s (keep_last=%d%s)", p, keep_last,
+                 f"; kept {', '.join(kept)}: best, evaluation pending or an RL parent" if kept else "")
     for stale in root.glob(".tmp-step-*"):  # leftovers of a crashed save
         shutil.rmtree(stale, ignore_errors=True)
     return doomed
