@@ -36,10 +36,10 @@ def small_model(attn: str, dtype: torch.dtype, device: str):
 
 
 def smoke(device: str, dtype_name: str, frames: int, size: int, batch: int) -> dict:
-    from vtg.model.modeling import choose_attn_implementation
+    from vtg.model.modeling import choose_attn_implementation, torch_dtype
     from vtg.model.processing import collate, encode_example, model_inputs
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    dtype = torch_dtype(dtype_name)
     attn = choose_attn_implementation("auto", device, dtype)
     model, tok = small_model(attn, dtype, device)
     rng = np.random.default_rng(0)

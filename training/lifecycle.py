@@ -163,6 +163,14 @@ class RunLifecycle:
         # one trainer per checkpoint folder: rank 0 holds <root>/.lock until the run ends (or the process dies)
         self.lock = ckpt.lock_checkpoint_root(self.root) if dist.is_main else None
 
+    def guarded(self, setup, *args) -> None:
+        """Run a trainer's setup; if it fails, release the lock before raising (an in-process caller may retry)."""
+        try:
+            setup(*args)
+        except BaseException:
+            self.release()
+            raise
+
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()

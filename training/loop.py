@@ -99,11 +99,7 @@ class Trainer:
         check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
         self.dist = init_distributed(self.tcfg.strategy)
         self.run = RunLifecycle(cfg, "train", TRAIN_KEY, self.dist)  # the lock first
-        try:
-            self._setup(callbacks)
-        except BaseException:
-            self.run.release()
-            raise
+        self.run.guarded(self._setup, callbacks)
 
     def _setup(self, callbacks: list[Callback] | None) -> None:
         seed_everything(self.tcfg.seed)

@@ -331,6 +331,9 @@ class CheckpointLock:
         self.root = Path(root)
         self.path = self.root / LOCK_FILE
         self.fd: int | None = None
+        self.created_root = False
+        """The lock made the root: released with nothing else in it, the empty root goes too (a refused run
+        leaves nothing behind)."""
 
     def _held_here(self) -> bool:
         try:
@@ -342,7 +345,9 @@ class CheckpointLock:
         import fcntl
 
         for _ in range(50):
-            self.root.mkdir(parents=True, exist_ok=True)
+            if not self.root.exists():
+                self.root.mkdir(parents=True, exist_ok=True)
+                self.created_root = True
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -374,6 +379,11 @@ class CheckpointLock:
             self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
+        if self.created_root:
+            try:
+                self.root.rmdir()  # only when empty: nothing but our lock file was ever in it
+            except OSError:
+                pass
 
     def __enter__(self) -> CheckpointLock:  # noqa: PYI034
         return self if self.fd is not None else self.acquire()

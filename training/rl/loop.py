@@ -83,11 +83,7 @@ class GRPOTrainer:
         self.cfg, self.rcfg = cfg, cfg.rl
         self.dist = init_distributed(cfg.train.strategy)
         self.run = RunLifecycle(cfg, "rl", RL_KEY, self.dist)  # the lock first
-        try:
-            self._setup(callbacks)
-        except BaseException:
-            self.run.release()
-            raise
+        self.run.guarded(self._setup, callbacks)
 
     def _setup(self, callbacks: list[Callback] | None) -> None:
         cfg, r, d = self.cfg, self.rcfg, self.dist
