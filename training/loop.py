@@ -1,7 +1,8 @@
 """The training loop: one function, `train(cfg)`, used by the CLI, the benchmarks and the tests.
 
 Same loop for every launcher (deepspeed / torchrun / single process) and both engines (DeepSpeed ZeRO 0-3,
-FSDP2). Side effects go through callbacks; this module imports no tracker.
+FSDP2). What happens around the steps (lock, resume, rank state, save, retention) is the run lifecycle GRPO shares
+(`training.lifecycle`); side effects go through callbacks; this module imports no tracker.
 """
 
 from __future__ import annotations

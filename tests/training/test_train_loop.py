@@ -68,7 +68,15 @@ def test_lora_vs_full_trainable_parameters(shards_dir, tmp_path):
     hf = _export(tmp_path / "lora")
     assert (hf / "adapter_config.json").is_file() and not (hf / "model.safetensors").exists()
     assert torch.isfinite(_logits(hf)).all()
-    assert full.steps[-1][1]["train/loss"] > 0 and "perf/tokens_per_s" in full.steps[-1][1]
+    # same seed, same data: both runs see the same batches, so the same tokens per example at every step; and a
+    # fresh LoRA adapter (lora_B = 0) leaves the base model's output untouched: the same step-1 loss, bit for bit
+    assert [s for s, _ in lora.steps] == [s for s, _ in full.steps] == [1, 2]
+    for (_, a), (_, b) in zip(lora.steps, full.steps, strict=True):
+        assert a["perf/tokens_per_s"] > 0 and b["perf/tokens_per_s"] > 0
+        assert a["perf/tokens_per_s"] / a["perf/samples_per_s"] == pytest.approx(
+            b["perf/tokens_per_s"] / b["perf/samples_per_s"], rel=1e-12)
+        assert b["perf/samples_per_s"] * b["perf/step_time_s"] == pytest.approx(4)  # micro-batch 4 per step
+    assert lora.steps[0][1]["train/loss"] == full.steps[0][1]["train/loss"] > 0
 
 
 def test_fsdp2_strategy_trains_and_resumes(shards_dir, tmp_path):
@@ -128,7 +136,7 @@ def test_hooks_and_mlflow_lineage(shards_dir, tmp_path, monkeypatch):
     HOOK_CALLS.clear()
     cfg = train_config(shards_dir, tmp_path / "ck", "tracking.enabled=true", f"tracking.tracking_uri={uri}",
                        "tracking.experiment=t", "train.checkpoint_hooks=[train_fixtures:record_hook]")
-    train(cfg)
+    summary = train(cfg)
     assert [s for _, s in HOOK_CALLS] == [2, 4] and HOOK_CALLS[-1][0].endswith("step-000004")
     meta = read_checkpoint_meta(tmp_path / "ck" / "latest")
     run = mlflow.get_run(meta["mlflow_run_id"])
@@ -137,5 +145,11 @@ def test_hooks_and_mlflow_lineage(shards_dir, tmp_path, monkeypatch):
     assert run.data.tags[lineage.TAG_DATA_VERSION] == meta["data_version"]
     assert run.data.tags[lineage.TAG_CONFIG_HASH] == meta["config_hash"]
     assert run.data.tags[lineage.TAG_GIT_COMMIT] == meta["git_commit"]
-    assert "train/loss" in run.data.metrics and "perf/data_wait_frac" in run.data.metrics
+    client = mlflow.MlflowClient(uri)
+    losses = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    assert losses == [(i + 1, pytest.approx(x, rel=1e-12)) for i, x in enumerate(summary["losses"])]  # log_every 1
+    assert run.data.metrics["train/loss"] == pytest.approx(meta["metrics"]["train/loss"], rel=1e-12)
+    assert meta["metrics"]["train/loss"] == summary["final_loss"] == summary["losses"][-1]
+    waits = client.get_metric_history(run.info.run_id, "perf/data_wait_frac")
+    assert sorted(m.step for m in waits) == [1, 2, 3, 4] and all(0 <= m.value <= 1 for m in waits)
     assert run.info.status == "FINISHED"

@@ -58,7 +58,9 @@ def test_cpu_windows_have_no_gpu_keys_and_no_mfu_without_a_peak():
     m = reduce_windows(cpu, ModelFlops(6.0, 0.0), peak=None)
     assert not [k for k in m if k.startswith("gpu/")] and "perf/mfu" not in m
     assert m["perf/tokens_per_s"] == 100.0 and m["perf/data_wait_frac"] == 0.25
-    assert "perf/mfu" in reduce_windows(cpu, ModelFlops(6.0, 0.0), peak=1e-12)  # train.peak_tflops set on a CPU
+    with_peak = reduce_windows(cpu, ModelFlops(6.0, 0.0), peak=1e-12)  # train.peak_tflops set on a CPU
+    assert with_peak["perf/tflops_per_device"] == pytest.approx(6.0 * 200 / 2.0 / 2 / 1e12)  # per device
+    assert with_peak["perf/mfu"] == pytest.approx(with_peak["perf/tflops_per_device"] / 1e-12)
 
 
 def test_one_rank_without_nvml_drops_only_utilisation():
@@ -221,11 +223,40 @@ def test_all_gather_reduction_over_two_gloo_ranks():
     assert m["gpu/util_mean"] == 65.0 and m["gpu/util_min"] == 40.0
 
 
-def test_cpu_run_logs_throughput_and_no_gpu_keys(shards_dir, tmp_path, caplog):
+def _train_examples(shards_dir, export):
+    """(token count, vision patches) of every train example, encoded as training encodes them (the export's
+    tokenizer, which records the timestamps / query-position settings)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vtg.model.processing import VisionParams, answer_text, encode_example
+    from vtg.queries import ReadStats, iter_examples
+    from vtg.shards import list_shards
+
+    tok = AutoTokenizer.from_pretrained(export)
+    vision = VisionParams.from_model_config(AutoConfig.from_pretrained(export))
+    out = []
+    for ex in iter_examples(list_shards(shards_dir, "train"), ReadStats()):
+        enc = encode_example(tok, ex.frames, ex.timestamps, ex.query, answer_text(ex.windows), vision=vision)
+        out.append((int(enc["attention_mask"].sum()), vision_patches({"video_grid_thw": enc["video_grid_thw"][None]})))
+    return out
+
+
+def test_cpu_run_logs_throughput_and_no_gpu_keys(shards_dir, tiny_model_dir, tmp_path, caplog):
+    """A real 3-step CPU run, log_every 2 (windows of 2 steps and 1 step): every logged rate is checked against
+    what it measures. samples/s x step time = the micro-batch (4 examples per step, no skips); tokens/s / samples/s
+    lies within the train examples' token counts; TFLOP/s = (FLOPs per token x tokens/s + FLOPs per patch x
+    patches/s) / 1e12 from the model's parameter counts; the windows' time fits in the run's wall time; RSS is at
+    most this process's peak; the run summary's rates are time-weighted means of the windows'; MLflow holds the
+    same values at the same steps, and the console line prints them."""
+    import resource
+
     import mlflow
+    import psutil
+    from transformers import AutoModelForImageTextToText
 
     from training.callbacks.mlflow_cb import MLflowCallback
     from training.loop import train
+    from vtg.checkpoints import export_dir, resolve_checkpoint
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = train_config(shards_dir, tmp_path / "ck", "train.max_steps=3", "train.save_every=3",
@@ -234,20 +265,48 @@ def test_cpu_run_logs_throughput_and_no_gpu_keys(shards_dir, tmp_path, caplog):
     rec, mlf = Recorder(), MLflowCallback(cfg)
     with caplog.at_level(logging.INFO, logger="training"):
         summary = train(cfg, callbacks=[rec, mlf, ConsoleCallback(3, progress=False)])
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     assert [s for s, _ in rec.steps] == [2, 3]
-    for _, m in rec.steps:
+    examples = _train_examples(shards_dir, export_dir(resolve_checkpoint(tmp_path / "ck")))
+    lengths = [n for n, _ in examples]
+    patches = {p for _, p in examples}
+    assert len(patches) == 1  # every fixture video has the same grid
+    flops = model_flops(AutoModelForImageTextToText.from_pretrained(tiny_model_dir))  # full fine-tuning
+    window_time = 0.0
+    for (_, m), n_steps in zip(rec.steps, (2, 1), strict=True):
         assert {"perf/tokens_per_s", "perf/samples_per_s", "perf/data_wait_frac", "perf/step_time_s",
                 "perf/tflops_per_device", "sys/rss_gb"} <= set(m)
-        assert m["perf/tokens_per_s"] > 0 and 0 <= m["perf/data_wait_frac"] <= 1
         assert not [k for k in m if k.startswith("gpu/")] and "perf/mfu" not in m
-    assert summary["tokens_per_s"] > 0 and 0 <= summary["data_wait_frac"] <= 1
+        assert m["perf/samples_per_s"] * m["perf/step_time_s"] == pytest.approx(cfg.train.micro_batch_size)
+        per_example = m["perf/tokens_per_s"] / m["perf/samples_per_s"]
+        assert min(lengths) <= per_example <= max(lengths), (per_example, min(lengths), max(lengths))
+        achieved = flops.per_token * m["perf/tokens_per_s"] + flops.per_patch * m["perf/samples_per_s"] * min(patches)
+        assert m["perf/tflops_per_device"] == pytest.approx(achieved / 1e12)
+        assert 0 <= m["perf/data_wait_frac"] <= 1
+        assert 0.05 < m["sys/rss_gb"] <= peak_rss_gb * (1 + 1e-6) and m["sys/rss_gb"] < psutil.virtual_memory().total / 2**30
+        window_time += m["perf/step_time_s"] * n_steps
+    assert 0 < window_time <= summary["wall_s"]
+    windows = [m for _, m in rec.steps]
+    for key, name in (("perf/tokens_per_s", "tokens_per_s"), ("perf/data_wait_frac", "data_wait_frac"),
+                      ("perf/tflops_per_device", "tflops_per_device")):
+        lo, hi = min(w[key] for w in windows), max(w[key] for w in windows)
+        assert lo * (1 - 1e-9) <= summary[name] <= hi * (1 + 1e-9), (name, summary[name], lo, hi)
     assert not [k for k in summary if k.startswith("gpu_")] and "mfu" not in summary
-    logged = mlflow.get_run(_last_run_id(uri)).data.metrics
-    assert "perf/tokens_per_s" in logged and "summary/tokens_per_s" in logged
-    assert "summary/data_wait_frac" in logged and not [k for k in logged if "gpu" in k]
+
+    run_id = _last_run_id(uri)
+    client = mlflow.MlflowClient(uri)
+    for key in ("perf/tokens_per_s", "perf/samples_per_s", "perf/data_wait_frac", "train/loss"):
+        history = sorted((h.step, h.value) for h in client.get_metric_history(run_id, key))
+        assert history == [(s, pytest.approx(m[key], rel=1e-12)) for s, m in rec.steps], key
+    logged = client.get_run(run_id).data.metrics
+    assert logged["summary/tokens_per_s"] == pytest.approx(summary["tokens_per_s"], rel=1e-12)
+    assert logged["summary/data_wait_frac"] == pytest.approx(summary["data_wait_frac"], rel=1e-12)
+    assert logged["summary/skipped_batches"] == 0 and not [k for k in logged if "gpu" in k]
     lines = [r.getMessage() for r in caplog.records]
-    assert any("tokens/s, data wait" in line and line.startswith("step 3") for line in lines)
-    assert any(line.startswith("run throughput:") and "GPU" not in line for line in lines)
+    step3 = [line for line in lines if line.startswith("step 3 ") and "tokens/s" in line]
+    assert len(step3) == 1 and f"{windows[1]['perf/tokens_per_s']:.0f} tokens/s, data wait" in step3[0]
+    assert any(line.startswith("run throughput:") and f"{summary['tokens_per_s']:.0f} tokens/s" in line
+               and "GPU" not in line for line in lines)
 
 
 def _last_run_id(uri: str) -> str:

@@ -89,10 +89,6 @@ def _base(hub_id: str) -> Path:
     return build_shape_true(hub_id, vocab=VOCAB)
 
 
-LOSSES: dict[str, list[float]] = {}
-"""Per-step losses of the 7B run that was stopped, killed and resumed, for the uninterrupted multi-node run."""
-
-
 def _env(root: Path, extra_path: Path | None = None) -> dict:
     (root / "rss").mkdir(parents=True, exist_ok=True)
     path = [str(REPO_ROOT)] + ([str(extra_path)] if extra_path else [])
@@ -254,7 +250,23 @@ def test_3b_lora_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
           f"losses {run['losses']}, metrics {metrics}")
 
 
-def test_7b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
+@pytest.fixture(scope="module")
+def recipe_7b(recipe_shards, tmp_path_factory):
+    """The 7B recipe's stopped, killed and resumed torchrun run (`_lifecycle`), once per module: the 7B test checks
+    its export and evaluation, the multi-node test compares its own uninterrupted run's losses with this run's, so
+    either test run alone still makes its comparison. Yields (root, overrides, run); the ~10 GB of engine states
+    are removed at the end of the module (or by the 7B test, once done with them)."""
+    root = tmp_path_factory.mktemp("recipe_7b")
+    _base(B7)
+    overrides = cpu_overrides(B7, root, recipe_shards)
+    t0 = time.monotonic()
+    run = _lifecycle(root, EXP_7B, overrides)
+    run["lifecycle_s"] = time.monotonic() - t0
+    yield root, overrides, run
+    shutil.rmtree(root / "ck", ignore_errors=True)
+
+
+def test_7b_full_recipe_shape_true_world_size_2(recipe_7b):
     """qwen25vl_7b_zero2_8gpu: full fine-tuning of the LLM (vision frozen), ZeRO-2, micro-batch 1 x accum 4,
     gradient checkpointing off as the recipe sets it. 306 M parameters (240 M trainable).
 
@@ -264,14 +276,14 @@ def test_7b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
     from transformers import AutoModelForImageTextToText
 
     t0, base_dir = time.monotonic(), _base(B7)
-    overrides = cpu_overrides(B7, tmp_path, recipe_shards)
+    root, overrides, run = recipe_7b
     t = load_config(REPO_ROOT / "params.yaml", EXP_7B, overrides).train
     assert (t.model.finetune, t.model.freeze_vision, t.zero_stage, t.micro_batch_size, t.grad_accum, t.lr) == (
         "full", True, 2, 1, 4, 1e-5)
-    run = _lifecycle(tmp_path, EXP_7B, overrides)
+    assert t.model.gradient_checkpointing is False
     assert "effective batch 8 = micro 1 x accum 4 x world 2" in run["log"]
 
-    hf = ckpt.export_dir(ckpt.resolve_checkpoint(tmp_path / "ck"))
+    hf = ckpt.export_dir(ckpt.resolve_checkpoint(root / "ck"))
     model = AutoModelForImageTextToText.from_pretrained(hf)
     base = AutoModelForImageTextToText.from_pretrained(base_dir)
     assert model.config.text_config.hidden_size == 3584 and model.config.text_config.num_key_value_heads == 4
@@ -281,22 +293,21 @@ def test_7b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
     assert not torch.equal(trained["model.language_model.layers.0.mlp.down_proj.weight"],
                            frozen["model.language_model.layers.0.mlp.down_proj.weight"])
 
-    LOSSES[EXP_7B] = run["losses"]
-    metrics = _evaluate(tmp_path, EXP_7B, overrides)
-    shutil.rmtree(tmp_path / "ck")  # ~10 GB of engine states
-    print(f"\n7B recipe: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
+    metrics = _evaluate(root, EXP_7B, overrides)
+    shutil.rmtree(root / "ck")  # ~10 GB of engine states
+    print(f"\n7B recipe: {run['lifecycle_s'] + time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(root):.2f} GB, "
           f"losses {run['losses']}, metrics {metrics}")
 
 
-def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, tmp_path):
+def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_path):
     """The 7B recipe's multi-node shape: a hostfile rendered by `python -m infra.multinode hostfile` (two hosts,
     one slot each), each node started by its own `python -m infra.multinode launch --node-rank i` (the no-ssh,
     one-worker-per-node path; rendezvous over 127.0.0.1), real ZeRO-2 steps of the shape-true 7B model across
     both nodes, with gradient checkpointing on (the recipe has it off; the GPU path needs it exercised).
 
-    Both runs have the same data and seed, so its losses must equal those of the stopped, killed and resumed
-    torchrun run above (checked when that test ran first): exact resume, the same gradients with checkpointing,
-    and the same run from either launcher.
+    Both runs have the same data and seed, so its losses must equal, bit for bit, those of the stopped, killed and
+    resumed torchrun run (the module fixture `recipe_7b`, shared with the test above, so run alone this test runs
+    it too): exact resume, the same gradients with checkpointing, and the same run from either launcher.
 
     Measured (2026-12-01, 2 cores shared with other work): 140-165 s for the test (optimizer steps 38-45 s
     with recomputation); peak RSS 6.1 GB per rank.
@@ -346,9 +357,10 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, tmp_path):
     assert all(torch.equal(trained[k], base[k]) for k in trained if "visual" in k)
     assert not torch.equal(trained["model.language_model.layers.0.self_attn.q_proj.weight"],
                            base["model.language_model.layers.0.self_attn.q_proj.weight"])
-    if EXP_7B in LOSSES:  # same data and seed: gradient checkpointing, the launcher and kill/resume change nothing
-        losses = [float(r.split(",")[1]) for r in (tmp_path / "summary_loss.csv").read_text().splitlines()[1:]]
-        assert losses == pytest.approx(LOSSES[EXP_7B], rel=1e-4)
+    # same data and seed as the stopped, killed and resumed torchrun run (`recipe_7b`): gradient checkpointing, the
+    # launcher and the kill/resume change nothing, bit for bit
+    losses = [float(r.split(",")[1]) for r in (tmp_path / "summary_loss.csv").read_text().splitlines()[1:]]
+    assert len(losses) == 2 and losses == recipe_7b[2]["losses"]
     shutil.rmtree(tmp_path / "ck")
     print(f"\n7B multi-node: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
           f"final loss {s['final_loss']:.4f}")
