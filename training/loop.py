@@ -191,6 +191,15 @@ class Trainer:
                 "mlflow_run_id": self.resumed_meta.get("mlflow_run_id"), "shards": len(self.urls)}
 
     def fit(self, stop_after: int | None = None) -> dict:
+        """Train to `train.max_steps` (or checkpoint and stop after step `stop_after`); a run that fails or is
+        interrupted tells the callbacks (`on_train_error`: the tracker's run ends FAILED) before the error goes on."""
+        try:
+            return self._fit(stop_after)
+        except BaseException as e:
+            self.callbacks.on_train_error(e)
+            raise
+
+    def _fit(self, stop_after: int | None) -> dict:
         t, st, dev = self.tcfg, self.state, self.dist.device
         start_wall, start_step = time.perf_counter(), st.step
         self.callbacks.on_train_start(self.run_info())
@@ -226,6 +235,7 @@ class Trainer:
             window["samples"] += len(batch["keys"])
             window["patches"] += vision_patches(batch)
             step_samples += len(batch["keys"])
+            step_lr = self.engine.lr()  # the lr this optimizer step uses (the scheduler moves on inside step())
             if not self.engine.step():
                 continue
             st.step += 1
@@ -238,7 +248,7 @@ class Trainer:
             window["steps"] += 1
             self.monitor.poll()
             if st.step % t.log_every == 0 or st.step == stop_at:
-                self._log_window(window, last_loss)
+                self._log_window(window, last_loss, step_lr)
                 window = self.monitor.new_window()
             if st.step % t.save_every == 0 or st.step == stop_at:
                 self.save(last_loss)
@@ -253,13 +263,13 @@ class Trainer:
         self.callbacks.on_train_end(summary)
         return summary
 
-    def _log_window(self, window: dict, loss: float) -> None:
+    def _log_window(self, window: dict, loss: float, lr: float) -> None:
         """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;
-        every rank calls this); the loss is this step's, all-rank mean."""
+        every rank calls this); the loss is this step's, all-rank mean, the lr the one this step used."""
         st = self.state
+        norm = self.engine.grad_norm()
         self.callbacks.on_step(st.step, {
-            "train/loss": loss, "train/lr": self.engine.lr(),
-            "train/grad_norm": self.engine.grad_norm() or float("nan"),
+            "train/loss": loss, "train/lr": lr, "train/grad_norm": float("nan") if norm is None else norm,
             "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
             **self.monitor.window_metrics(window)})
 

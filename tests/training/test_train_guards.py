@@ -89,10 +89,21 @@ def test_every_batch_spiking_aborts_after_max_consecutive_skips(shards_dir, tmp_
     running mean, and the run stops with a one-line VTGError after guards.max_consecutive_skips (3) in a row."""
     cfg = train_config(shards_dir, tmp_path / "ck", "train.max_steps=8", "train.save_every=100", "train.lr=1.0",
                        "train.warmup_ratio=0", "train.guards.min_steps=1", "train.guards.max_consecutive_skips=3")
-    rec = Recorder()
+    import mlflow
+
+    from training.callbacks.mlflow_cb import MLflowCallback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={
+        "enabled": True, "tracking_uri": uri, "experiment": "guards"})})
+    rec, mlf = Recorder(), MLflowCallback(cfg)
     with pytest.raises(VTGError, match=r"^3 batches skipped in a row \(loss_spike\): the run has diverged") as e:
-        train(cfg, callbacks=[rec])
+        train(cfg, callbacks=[rec, mlf])
+    run = mlflow.MlflowClient(uri).get_run(_last_run(uri))
+    assert run.info.status == "FAILED" and "batches skipped in a row" in run.data.tags["vtg.error"]
+    assert mlflow.active_run() is None  # not left active for the next run in this process
     assert "\n" not in str(e.value)
+    assert rec.error is e.value and rec.summary is None  # the callbacks hear of the failure (the tracker run ends FAILED)
     assert len(rec.skips) == 3 and len({step for step, _ in rec.skips}) == 1  # no step in between: consecutive
     step = rec.skips[0][0]
     accepted = [m["train/loss"] for s, m in rec.steps]  # log_every=1: every accepted step's loss
@@ -101,6 +112,13 @@ def test_every_batch_spiking_aborts_after_max_consecutive_skips(shards_dir, tmp_
     for _, info in rec.skips:
         assert info["reason"] == "loss_spike" and math.isfinite(info["loss"])
         assert info["loss"] > cfg.train.guards.spike_ratio * mean
+
+
+def _last_run(uri: str) -> str:
+    import mlflow
+
+    (run,) = mlflow.MlflowClient(uri).search_runs([mlflow.get_experiment_by_name("guards").experiment_id])
+    return run.info.run_id
 
 
 def test_guard_rules():

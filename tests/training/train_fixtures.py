@@ -51,10 +51,12 @@ class Recorder:
 
     def __init__(self):
         self.info, self.steps, self.skips, self.checkpoints, self.summary = None, [], [], [], None
+        self.error = None
 
     def on_train_start(self, info): self.info = info
     def on_step(self, step, metrics): self.steps.append((step, metrics))
     def on_skip(self, step, info): self.skips.append((step, info))
     def on_checkpoint(self, path, step): self.checkpoints.append((str(path), step))
     def on_train_end(self, summary): self.summary = summary
+    def on_train_error(self, error): self.error = error
     def checkpoint_meta(self): return {}

@@ -1,7 +1,8 @@
 """Side effects of training go through callbacks; the loop imports no tracker (OLMo-core style).
 
 Hooks (all optional): on_train_start(info), on_step(step, metrics), on_skip(step, info),
-on_checkpoint(path, step), on_train_end(summary); `checkpoint_meta()` may add keys to every meta.json.
+on_checkpoint(path, step), on_train_end(summary), on_train_error(error) (the run failed or was interrupted after
+on_train_start); `checkpoint_meta()` may add keys to every meta.json.
 Only rank 0 gets the default callbacks.
 """
 
@@ -23,6 +24,8 @@ class Callback:
     def on_checkpoint(self, path: Path, step: int) -> None: ...
 
     def on_train_end(self, summary: dict) -> None: ...
+
+    def on_train_error(self, error: BaseException) -> None: ...
 
     def checkpoint_meta(self) -> dict:
         return {}
@@ -51,6 +54,13 @@ class CallbackList(Callback):
     def on_train_end(self, summary: dict) -> None:
         for c in self.callbacks:
             c.on_train_end(summary)
+
+    def on_train_error(self, error: BaseException) -> None:
+        for c in self.callbacks:
+            try:
+                c.on_train_error(error)
+            except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
+                log.error("%s.on_train_error failed: %s: %s", type(c).__name__, type(e).__name__, e)
 
     def checkpoint_meta(self) -> dict:
         meta: dict = {}

@@ -56,6 +56,11 @@ class ProgressConsole(Callback):
             self.bar.close()
         self.end_line(summary)
 
+    def on_train_error(self, error: BaseException) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
 
 class ConsoleCallback(ProgressConsole):
     """SFT: loss, lr, samples/s, tokens/s (GPU utilisation and MFU when measured)."""

@@ -95,6 +95,16 @@ class StageMLflow(Callback):
             mlflow.end_run(status="FINISHED" if summary.get("completed") else "KILLED")
             self.run = None
 
+    def on_train_error(self, error: BaseException) -> None:
+        """The run did not finish: FAILED (or KILLED for Ctrl-C), never left active for the next run in this process
+        nor marked FINISHED by MLflow's exit handler."""
+        import mlflow
+
+        if self.run is not None:
+            mlflow.set_tag("vtg.error", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500])
+            mlflow.end_run(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+            self.run = None
+
     def checkpoint_meta(self) -> dict:
         return {"mlflow_run_id": self.run.info.run_id if self.run is not None else None}
 

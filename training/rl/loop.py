@@ -188,6 +188,9 @@ class GRPOTrainer:
                 old = old_logp[c] if old_logp[c] is not None else logp.detach()
                 m = mask[rows]
                 loss, clip_frac = algo.policy_loss(logp, old, adv[rows], m, r.clip_eps)
+                # the engine averages its micro-batches equally: weigh each by its share of the rollout's sequences,
+                # so a short last chunk counts as much per sequence as the others (x1.0 when they divide evenly)
+                share = (rows.stop - rows.start) * len(chunks) / n
                 if r.entropy_coef > 0:
                     ent = algo.token_entropy(logits)
                     loss = loss - r.entropy_coef * algo.masked_mean(ent, m)
@@ -199,7 +202,7 @@ class GRPOTrainer:
                     if r.kl_beta > 0:
                         loss = loss + r.kl_beta * algo.masked_mean(kl, m)
                     acc["kl_sum"] += float((kl.detach() * m).sum())
-                self.engine.backward(loss)
+                self.engine.backward(loss * share if share != 1 else loss)
                 self.engine.step()
                 t = float(m.sum())
                 acc["loss"] += float(loss.detach()) / len(chunks)
@@ -271,6 +274,15 @@ class GRPOTrainer:
                 "mlflow_run_id": self.resumed_meta.get("mlflow_run_id")}
 
     def fit(self, stop_after: int | None = None) -> dict:
+        """GRPO to `rl.max_steps` (or checkpoint and stop after step `stop_after`); a failure reaches the callbacks
+        (`on_train_error`) before it goes on."""
+        try:
+            return self._fit(stop_after)
+        except BaseException as e:
+            self.callbacks.on_train_error(e)
+            raise
+
+    def _fit(self, stop_after: int | None) -> dict:
         r, st = self.rcfg, self.state
         stop_at = min(r.max_steps, stop_after) if stop_after else r.max_steps
         self.callbacks.on_train_start(self.run_info())
