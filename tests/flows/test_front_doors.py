@@ -46,7 +46,7 @@ def lock_outs(cwd: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # 6 real stages in 2 clones + 2 reruns: 896 s on 2 cores shared with other jobs (load ~4)
-def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: Path):
+def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: Path, flow_door_run):
     # Door 1, `dvc repro`: twice (the second runs nothing), `dvc checkout`, again: nothing runs, nothing breaks.
     p = real_project(tmp_path / "repro")
     first = dvc(p, "repro")
@@ -79,8 +79,7 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
 
     # Door 2, `make run` in a fresh clone: `dvc status` clean after it, `dvc repro` runs nothing, and the outputs
     # are the ones door 1 wrote.
-    q = real_project(tmp_path / "flow")
-    flow = sh([PY, "-m", "flows"], q)
+    q, flow = flow_door_run  # a fresh clone on which `python -m flows` ran (shared with the flow's kill -9 test)
     assert "=== post-training finished" in flow
     assert "Data and pipelines are up to date" in dvc(q, "status")
     assert ran(dvc(q, "repro")) == [] and outputs_with_symlinks(q) == []
