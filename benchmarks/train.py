@@ -155,8 +155,7 @@ def bench_steps(shards: Path, out_dir: Path, steps: int, tok) -> dict:
     ours = statistics.median(rec.times[warm:])
 
     # Plain PyTorch: same model, same first batches (already decoded, in memory), torch AdamW, same clipping.
-    model, _ = load_model_and_tokenizer("tiny")
-    model.train()
+    model, _ = load_model_and_tokenizer("tiny", trainable=True)
     spec = StreamSpec(urls=tuple(resolve_urls(str(shards), "train")), seed=cfg.train.seed,
                       micro_batch_size=cfg.train.micro_batch_size)
     batches = [model_inputs(b) for b in islice(make_loader(spec, tok, VisionParams(), 0, 2), 8)]

@@ -63,8 +63,7 @@ def train_briefly(model_dir: Path, shards: Path, steps: int, seed: int = 0) -> N
     from vtg.model.processing import answer_text, collate, encode_example, model_inputs
 
     torch.manual_seed(seed)
-    model, tok = load_model_and_tokenizer(model_dir)
-    model.train()
+    model, tok = load_model_and_tokenizer(model_dir, trainable=True)
     encoded = [encode_example(tok, ex.frames, ex.timestamps, ex.query, answer_text(ex.windows))
                for ex in _examples(shards, "train")]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
