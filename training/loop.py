@@ -193,11 +193,7 @@ class Trainer:
     def fit(self, stop_after: int | None = None) -> dict:
         """Train to `train.max_steps` (or checkpoint and stop after step `stop_after`); a run that fails or is
         interrupted tells the callbacks (`on_train_error`: the tracker's run ends FAILED) before the error goes on."""
-        try:
-            return self._fit(stop_after)
-        except BaseException as e:
-            self.callbacks.on_train_error(e)
-            raise
+        return self.callbacks.reporting_errors(self._fit, stop_after)
 
     def _fit(self, stop_after: int | None) -> dict:
         t, st, dev = self.tcfg, self.state, self.dist.device

@@ -55,6 +55,14 @@ class CallbackList(Callback):
         for c in self.callbacks:
             c.on_train_end(summary)
 
+    def reporting_errors(self, fit, *args):
+        """`fit(*args)`; if it fails or is interrupted, every callback hears it (`on_train_error`), then it goes on."""
+        try:
+            return fit(*args)
+        except BaseException as e:
+            self.on_train_error(e)
+            raise
+
     def on_train_error(self, error: BaseException) -> None:
         for c in self.callbacks:
             try:

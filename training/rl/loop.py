@@ -276,11 +276,7 @@ class GRPOTrainer:
     def fit(self, stop_after: int | None = None) -> dict:
         """GRPO to `rl.max_steps` (or checkpoint and stop after step `stop_after`); a failure reaches the callbacks
         (`on_train_error`) before it goes on."""
-        try:
-            return self._fit(stop_after)
-        except BaseException as e:
-            self.callbacks.on_train_error(e)
-            raise
+        return self.callbacks.reporting_errors(self._fit, stop_after)
 
     def _fit(self, stop_after: int | None) -> dict:
         r, st = self.rcfg, self.state
