@@ -16,6 +16,8 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE ?= 1
 export PYTHONUNBUFFERED := 1
+# The venv's bin first: one ninja builds DeepSpeed's JIT ops for every process (docs/environment.md).
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup run test test-fast lint bench clean serve dry-run gpu-wheels gpu-check
 

@@ -37,7 +37,7 @@ def flow_door_run(tmp_path_factory) -> tuple[Path, str]:
     sys.path.insert(0, str(REPO_ROOT / "tests" / "flows"))
     from flowkit import PY, project_env, real_project
 
-    project = real_project(tmp_path_factory.mktemp("flow_door") / "flow")
+    project = real_project(tmp_path_factory.mktemp("flow_door") / "flow", fresh_prefect=True)  # a first run
     r = subprocess.run([PY, "-m", "flows"], cwd=project, env=project_env(project, PYTHONPATH=""), capture_output=True,
                        text=True, timeout=900, check=False)
     log = r.stdout + r.stderr

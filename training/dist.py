@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,23 @@ def prepare_env() -> None:
     rank variables a single process lacks (else DeepSpeed looks for mpi4py)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
+    use_env_ninja()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+
+
+def use_env_ninja() -> None:
+    """Put this environment's `ninja` first on PATH, so that every process builds DeepSpeed's JIT ops with the same
+    one. Two ninja versions (the venv's 1.13 wheel, a system 1.11) record a build under different command hashes, so
+    each one rebuilds what the other built: ~60 s per switch on 2 cores (docs/environment.md)."""
+    bindir = Path(sys.executable).parent
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if (bindir / "ninja").exists() and (not path or path[0] != str(bindir)):
+        os.environ["PATH"] = os.pathsep.join([str(bindir), *path])
 
 
 def init_distributed(strategy: str = "deepspeed") -> DistInfo:
