@@ -146,7 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     manifest = run(cfg, beam_argv)
     log.info("wrote %d samples in %d shards to %s", sum(manifest["samples_per_split"].values()),
              len(manifest["shards"]), cfg.preprocess.out_dir)
+    check_trainable(manifest, cfg.preprocess.out_dir)
     return 0
+
+
+def check_trainable(manifest: dict, out_dir: str) -> None:
+    """Fail the stage (after writing every output) when training or its selection could not run: no train or no
+    val sample. The error names the counts and where every record went."""
+    per_split, rec = manifest["samples_per_split"], manifest["records"]
+    empty = [s for s in ("train", "val") if not per_split.get(s)]
+    if empty:
+        raise VTGError(f"preprocess: no {' and no '.join(empty)} sample ({rec['inputs']} records in: {rec['kept']} kept, "
+                       f"{rec['filtered']} filtered, {rec['failed']} dead-lettered; see {out_dir}/filtered.jsonl and "
+                       f"{out_dir}/dead_letter.jsonl): training needs both; add data or relax preprocess's filters")
+    if not per_split.get("test"):
+        log.warning("preprocess: no test sample: the evaluate stage will have no held-out numbers")
 
 
 if __name__ == "__main__":

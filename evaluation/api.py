@@ -131,7 +131,8 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
     }
 
 
-def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple) -> dict:
+def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple,
+                  to_train_run: bool = True) -> dict:
     ev = cfg.evaluate
     summary, predictions = evaluate_export(checkpoints.export_dir(ckpt), ev, split)  # raises before anything is logged
     result = {**_new_result(ckpt, meta, split, cfg, key, digests), "summary": summary,
@@ -149,7 +150,8 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
         if run_id:
             params = {f"evaluate.{k}": v for k, v in ev.model_dump(mode="json").items()}
             tracking.finish_eval_run(cfg.tracking, run_id, result, entry, params)
-            tracking.log_to_train_run(cfg.tracking, result)
+            if to_train_run:
+                tracking.log_to_train_run(cfg.tracking, result)
     except BaseException:
         if run_id:
             tracking.fail_eval_run(cfg.tracking, run_id)
@@ -201,12 +203,16 @@ def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
 
 
 def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
-                        cfg: PipelineConfig | None = None, refresh: bool = True) -> EvaluationResult:
+                        cfg: PipelineConfig | None = None, refresh: bool = True,
+                        adhoc: bool = False) -> EvaluationResult:
     """Evaluate one checkpoint (a step dir, a `latest`/`best` pointer, or a checkpoint root) on `split`.
 
     `refresh=False` only computes (or reuses) the stored result: the evaluate stage's outputs (curve, report,
     best pointer, registry alias) are left alone, for callers that are not the evaluate stage (RL picking its
-    start checkpoint)."""
+    start checkpoint). `adhoc=True` (the CLI's `--checkpoint`, any settings) also leaves the training run's MLflow
+    metrics alone: the result lives in the content-addressed store and its own MLflow run only, so a side command
+    never moves a shared result (docs/faults.md)."""
+    refresh = refresh and not adhoc
     cfg = cfg or load_config()
     split = split or cfg.evaluate.split
     meta = checkpoints.read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
@@ -220,7 +226,7 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
             result, entry, reused = store.load_result(found), found, True
             result = {**result, **checkpoint_identity(ckpt, meta)}  # results stored before stages had names
         else:
-            result = _evaluate_new(ckpt, meta, split, cfg, key, digests)
+            result = _evaluate_new(ckpt, meta, split, cfg, key, digests, to_train_run=not adhoc)
             entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, result["checkpoint_name"], key), False
-    selection = _refresh_outputs(cfg, result, entry) if refresh else None
+    selection = _refresh_outputs(cfg, result, entry) if refresh else {}
     return EvaluationResult(result, entry, Path(cfg.evaluate.out_dir), reused, selection)

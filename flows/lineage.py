@@ -55,6 +55,8 @@ class Chain:
     parent_checkpoint: str | None = None
     """The SFT checkpoint an RL checkpoint started from."""
     parent_step: int | None = None
+    parent_present: bool | None = None
+    """RL only: whether the SFT checkpoint it started from is still on disk (None: not an RL checkpoint)."""
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -169,6 +171,7 @@ def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
     if run_id:
         ch.evals = _evals(c, exp_id, run_id, ch.step)
     parent = ch.parent_checkpoint if ch.parent_checkpoint and Path(ch.parent_checkpoint).exists() else None
+    ch.parent_present = parent is not None
     if parent:
         sft = build_chain(c, exp_id, parent)
         for k in ("source_digest", "shard_digest", "dvc_md5", "preprocess", "pipeline_run", "flow_run", "train_run",
@@ -206,7 +209,8 @@ def render(ch: Chain) -> str:
     if ch.stage == RL_STAGE:
         parent_step = ch.parent_step if ch.parent_step is not None else "?"
         lines += [
-            f"  -> SFT checkpoint {ch.parent_checkpoint or '?'}  step {parent_step}",
+            f"  -> SFT checkpoint {ch.parent_checkpoint or '?'}  step {parent_step}"
+            + ("" if ch.parent_present else "  (not on disk any more: the rest of the chain is from the RL run's tags)"),
             f"  -> RL run {ch.rl_run or '?'}  params {', '.join(f'{k}={v}' for k, v in ch.rl_params.items()) or '?'}",
             f"  -> RL checkpoint {ch.checkpoint or '?'}  step {ch.step if ch.step is not None else '?'}{registered}"]
     else:

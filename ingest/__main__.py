@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ingest import ingest
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+from vtg.errors import VTGError
 
 
 def summarize(summary: dict) -> Table:
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = ingest(cfg.ingest, progress=True)
     Console().print(summarize(summary))
     print(f"records -> {cfg.ingest.out}; dead letters -> {cfg.ingest.dead_letter}; summary -> {cfg.ingest.summary}")
+    if summary["records"] == 0:  # fail here, not two stages later in training
+        reasons = ", ".join(f"{k} {v}" for k, v in summary["by_reason"].items()) or "no input lines"
+        raise VTGError(f"ingest: no usable record out of {summary['inputs']} input line(s) ({reasons}); every line is "
+                       f"in {cfg.ingest.dead_letter} with its error: fix the annotations or ingest.annotations")
     return 0
 
 

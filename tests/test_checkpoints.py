@@ -100,6 +100,24 @@ def test_half_written_and_corrupt_checkpoints_are_clear_errors(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
+def test_what_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path):
+    """Issue 21 case 11: a random folder or the `hf/` export inside a good checkpoint was called "incomplete
+    checkpoint (... the save was interrupted); delete it"."""
+    good = _save(tmp_path / "sft", 10)
+    with pytest.raises(VTGError) as e:
+        read_checkpoint_meta(good / "hf")
+    assert "Hugging Face export inside the checkpoint" in str(e.value) and str(good) in str(e.value)
+    other = tmp_path / "my_videos"
+    other.mkdir()
+    with pytest.raises(VTGError) as e:
+        read_checkpoint_meta(other)
+    assert "not a checkpoint" in str(e.value) and "interrupted" not in str(e.value)
+    (tmp_path / "sft" / "latest").unlink()
+    with pytest.raises(VTGError) as e:
+        read_checkpoint_meta(tmp_path / "sft")
+    assert "without a `latest` pointer" in str(e.value) and str(good) in str(e.value) and "delete" not in str(e.value)
+
+
 # ---- verified checkpoints (issue 15): a file list in meta.json, checked by size (cheap) or sha256 (verify) ----
 def _save_with_weights(root, step, keep=3, payload=b"weights" * 100):
     tmp = temp_dir_for(root, step)

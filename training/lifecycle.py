@@ -31,7 +31,7 @@ import torch
 from training.dist import DistInfo, barrier, broadcast, rng_state, set_rng_state
 from vtg import checkpoints as ckpt
 from vtg import eval_queue
-from vtg.config import PipelineConfig
+from vtg.config import PipelineConfig, output_roots_overlap
 from vtg.errors import VTGError
 from vtg.io import write_json_atomic
 
@@ -145,11 +145,10 @@ def resume_source(cfg: PipelineConfig, section: str, key_name: str, key: str, da
 
 
 def check_roots_apart(cfg: PipelineConfig) -> None:
-    """SFT and RL write separate roots, neither inside the other (one root's move-aside would take the other)."""
-    sft, rl = Path(cfg.train.out_dir).resolve(), Path(cfg.rl.out_dir).resolve()
-    if sft == rl or sft in rl.parents or rl in sft.parents:
-        raise VTGError(f"rl.out_dir={cfg.rl.out_dir} and train.out_dir={cfg.train.out_dir} overlap: RL's "
-                       "checkpoints need a root of their own (e.g. checkpoints/rl beside checkpoints/sft)")
+    """The config's own check again (vtg.config.output_roots_overlap), for a config built without validation."""
+    overlap = output_roots_overlap(cfg)
+    if overlap:
+        raise VTGError(overlap)
 
 
 class RunLifecycle:

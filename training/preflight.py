@@ -45,7 +45,14 @@ from training.plan import GB, Activations, Arch, Setup, activation_bytes, arch_f
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError
-from vtg.model.processing import VisionParams, build_messages, smart_resize, timestamp_mode, video_block
+from vtg.model.processing import (
+    VisionParams,
+    encode_prompt,
+    smart_resize,
+    timestamp_mode,
+    video_block,
+    vision_tokens,
+)
 
 log = logging.getLogger("training.preflight")
 
@@ -114,17 +121,9 @@ def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: 
     h, w = smart_resize(frame_size, frame_size, factor, vision.min_pixels, vision.max_pixels)
     grid = (-(-frames // vision.temporal_patch_size), h // vision.patch_size, w // vision.patch_size)
     ts = [(i + 0.5) * window_s / frames for i in range(frames)]
-    messages = build_messages(query, query_position)
-    if system_prompt:
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-    start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
-    end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
-    block, _, _ = video_block((start, video_token, end), torch.tensor([grid]), ts, vision,
+    block, _, _ = video_block(vision_tokens(tokenizer), torch.tensor([grid]), ts, vision,
                                timestamp_mode(tokenizer, timestamps))
-    prompt = prompt.replace(f"{start}{video_token}{end}", block)
-    n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    n = len(encode_prompt(tokenizer, query, block, query_position, system_prompt))
     n += len(tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"])
     video = grid[0] * grid[1] * grid[2] // vision.merge_size ** 2
     return TokenCount(frames, frame_size, (h, w), grid, video, n - video, len(query.split()), answer)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -182,6 +183,22 @@ def _check_files(ckpt: Path, files: Any, verify: bool) -> None:
             raise VTGError(f"{ckpt}: corrupt checkpoint ({rel}: sha256 differs from the one saved)")
 
 
+def _why_no_meta(folder: Path) -> str:
+    """What a folder without meta.json is, and what to pass instead: only a step folder is an interrupted save."""
+    if folder.name == HF_DIR and (folder.parent / META_FILE).is_file():
+        return (f"this is the Hugging Face export inside the checkpoint {folder.parent}: pass that checkpoint "
+                "folder instead")
+    if re.fullmatch(r"(\.tmp-)?step-\d+", folder.name):
+        return (f"incomplete checkpoint (no {META_FILE}: the save was interrupted); move it aside or point at "
+                "another step")
+    steps = sorted(p.name for p in folder.glob("step-*") if (p / META_FILE).is_file())
+    if steps:
+        return (f"a checkpoint root without a `{LATEST}` pointer: pass one of its step folders (newest: "
+                f"{folder / steps[-1]})")
+    return (f"not a checkpoint (no {META_FILE}): pass a step folder (`checkpoints/sft/step-000500`), a pointer "
+            f"file (`checkpoints/sft/{LATEST}`, `reports/eval/{BEST_POINTER}`) or a checkpoint root")
+
+
 def read_checkpoint_meta(path: str | Path, verify: bool = False) -> dict:
     """meta.json of a complete checkpoint; a missing, half-written or corrupt one is a clear VTGError.
 
@@ -192,8 +209,7 @@ def read_checkpoint_meta(path: str | Path, verify: bool = False) -> dict:
         raise VTGError(f"{path}: no checkpoint directory there")
     meta_path = ckpt / META_FILE
     if not meta_path.is_file():
-        raise VTGError(f"{ckpt}: incomplete checkpoint (no {META_FILE}: the save was interrupted); "
-                       "delete it or point at another step")
+        raise VTGError(f"{ckpt}: {_why_no_meta(ckpt)}")
     try:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -139,21 +139,42 @@ def test_corrupt_checkpoint_is_a_clear_error_and_registers_nothing(env, damage, 
     assert not list(Path(cfg.evaluate.store_dir).glob("val/step-000040-*"))
 
 
-def test_cli_on_test_split_reports_and_does_not_select(env, capsys):
+def _digests(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_adhoc_cli_moves_no_shared_result(env, capsys, tmp_path):
+    """Issue 21 case 5: `python -m evaluation --checkpoint X evaluate.max_examples=...` is a side command. It used to
+    move reports/eval/{best.json,metrics.json}, the registry alias and the training run's curve to its result."""
     cfg, client = env["cfg"], env["client"]
-    before = client.get_model_version_by_alias("vtg-test", "best").version
+    out_dir = Path(cfg.evaluate.out_dir)
+    before = (client.get_model_version_by_alias("vtg-test", "best").version, _digests(out_dir),
+              {k: [(m.step, m.value) for m in client.get_metric_history(env["train_run"], k)]
+               for k in ("eval/val/miou", "eval/test/miou")})
+    assert (out_dir / "best.json").is_file() and before[2]["eval/val/miou"]  # the stage's results exist
     overrides = [f"evaluate.{k}={v}" for k, v in cfg.evaluate.model_dump().items()
                  if k in ("shards_dir", "out_dir", "store_dir", "batch_size", "max_new_tokens", "device")]
     overrides += [f"tracking.{k}={v}" for k, v in cfg.tracking.model_dump().items()]
+    runs = len(_eval_runs(client))
+    # a smaller val set than the stage's (other settings: a new result), then every checkpoint on test
+    assert run_cli(main, ["--checkpoint", str(env["ckpts"][0]), "--split", "val", "--out", str(tmp_path / "adhoc"),
+                          *overrides, "evaluate.max_examples=2"]) == 0
     assert run_cli(main, ["--checkpoint", str(env["root"]), "--all", "--split", "test", *overrides]) == 0
     out = capsys.readouterr().out
-    assert "step 0) on test" in out and "step 30) on test" in out and "prior (blind)" in out
-    assert "visual gain" in out
-    rows = list(csv.DictReader((Path(cfg.evaluate.out_dir) / "steps.csv").open()))
-    assert [int(r["step"]) for r in rows] == [0, 30]
-    assert client.get_model_version_by_alias("vtg-test", "best").version == before
-    test_curve = client.get_metric_history(env["train_run"], "eval/test/miou")
-    assert sorted(m.step for m in test_curve) == [0, 30]  # apart from the val curve
+    assert "step 0) on val" in out and "step 0) on test" in out and "step 30) on test" in out
+    assert "prior (blind)" in out and "visual gain" in out and "are unchanged" in out
+    after = (client.get_model_version_by_alias("vtg-test", "best").version, _digests(out_dir),
+             {k: [(m.step, m.value) for m in client.get_metric_history(env["train_run"], k)]
+              for k in ("eval/val/miou", "eval/test/miou")})
+    assert after == before  # pointer, DVC metric, steps.csv, report, alias, training-run curves: all as they were
+    assert len(_eval_runs(client)) == runs + 3  # each ad-hoc result has its own MLflow run
+    [copy] = (tmp_path / "adhoc").iterdir()
+    metrics = json.loads((copy / "metrics.json").read_text())
+    assert metrics["split"] == "val" and metrics["step"] == 0 and metrics["counts"]["queries"] <= 4
+    assert (copy / "report.html").is_file() and (copy / "predictions.jsonl").is_file()
 
 
 def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):

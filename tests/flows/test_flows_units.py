@@ -141,12 +141,14 @@ def test_lineage_follows_an_rl_checkpoint_to_its_sft_parent_and_without_it_to_th
         assert (ch.train_run, ch.train_params, ch.source_digest, ch.shard_digest, ch.flow_run) == (
             train.run_id, {"train.lr": "0.003"}, "src1", "dv1", "flow1"), target
         assert ch.rl_params == {"rl.group_size": "8"} and ch.evals[0]["metrics"] == {"r1_at_0.5": 0.75}
-    assert f"-> SFT checkpoint {sft}  step 4" in render(ch) and "-> RL checkpoint" in render(ch)
+    assert f"-> SFT checkpoint {sft}  step 4\n" in render(ch) and "-> RL checkpoint" in render(ch)
     # the SFT parent was pruned since: the RL run's own tags and pipeline run still reach the raw data
     ck.move_aside(sft.parent, "test")
     ch = build_chain(c, exp, str(rl_ckpt))
     assert (ch.parent_checkpoint, ch.source_digest, ch.shard_digest, ch.pipeline_run) == (
         str(sft), "src1", "dv1", pipeline.run_id) and ch.train_run is None
+    # ... and the chain says the parent is gone (issue 21 case 3: it printed the pruned parent as if present)
+    assert ch.parent_present is False and "not on disk any more" in render(ch)
 
 
 def test_metrics_and_params_flatten_nested_dicts_as_before():

@@ -12,7 +12,7 @@ from training.dist import rng_state
 from training.lifecycle import check_roots_apart, protected, resume_source, write_rank_state
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
-from vtg.errors import VTGError
+from vtg.errors import ConfigError, VTGError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,8 +84,16 @@ def test_retention_keeps_the_parent_of_every_rl_checkpoint(tmp_path):
     assert names == [ckpt.step_dir_name(1), ckpt.step_dir_name(3)]  # step 2 pruned, the RL parent kept
 
 
-@pytest.mark.parametrize("rl_dir", ["sft", "sft/rl"])
-def test_overlapping_roots_are_refused(tmp_path, rl_dir):
-    cfg = _cfg(tmp_path, f"rl.out_dir={tmp_path / rl_dir}")
-    with pytest.raises(VTGError, match="overlap"):
-        check_roots_apart(cfg)
+@pytest.mark.parametrize("key,value", [("rl.out_dir", "sft"), ("rl.out_dir", "sft/rl"), ("train.out_dir", "rl/sft"),
+                                       ("evaluate.store_dir", "sft/evals")])
+def test_overlapping_roots_are_refused_at_config_time(tmp_path, key, value):
+    """Issue 21 case 4: `rl.out_dir=checkpoints/sft` used to move the whole SFT root aside (RL's own start
+    checkpoint with it), then fail with an unrelated error. Now the config is refused before anything runs."""
+    with pytest.raises(ConfigError, match="overlap") as e:
+        _cfg(tmp_path, f"{key}={tmp_path / value}")
+    assert "<command line>" in str(e.value) and key in str(e.value) and "Value error" not in str(e.value)
+    cfg = _cfg(tmp_path)
+    cfg.rl.out_dir = str(tmp_path / value) if key == "rl.out_dir" else cfg.rl.out_dir  # assignment skips validation
+    if key == "rl.out_dir":
+        with pytest.raises(VTGError, match="overlap"):
+            check_roots_apart(cfg)  # the lifecycle checks again before it takes a lock

@@ -225,3 +225,25 @@ def test_rl_off_leaves_an_empty_root_and_moves_old_checkpoints_aside(tmp_path):
     moved = Path(summary["moved_aside"])
     assert (moved / "step-000002" / "meta.json").is_file()
     assert json.loads((tmp_path / "rlrep" / "summary.json").read_text())["enabled"] is False
+
+
+def test_rl_from_a_checkpoint_that_cannot_answer_warns_and_says_so(tmp_path, caplog):
+    """Issue 21 case 6: RL from a start checkpoint whose every answer fails to parse used to run all its steps at
+    reward 0 and exit 0 without a word. Now each such step warns, the run ends with a warning, and the summary
+    counts the steps without a learning signal."""
+    import logging
+
+    from training.loop import train
+    from training.rl.loop import run_rl
+
+    shards = write_fixture_shards(tmp_path / "shards", n_train=8, n_val=4, shards_per_split=1)
+    cfg = _cfg(tmp_path, shards, tmp_path / "sft", "train.max_steps=1", "train.lr=1e-6", "rl.max_steps=2",
+               "rl.queries_per_step=2", "rl.group_size=2", "rl.save_every=2", "rl.init=latest",
+               "rl.max_queries=8")
+    train(cfg)  # one step at lr 1e-6: the random-init tiny model, which never writes a span
+    with caplog.at_level(logging.WARNING, logger="training.rl"):
+        summary = run_rl(cfg)
+    assert summary["steps_all_unparsed"] == 2 and summary["steps_without_signal"] == 2
+    text = caplog.text
+    assert text.count("every answer failed to parse") == 2 and "no RL step had a learning signal" in text
+    assert json.loads((tmp_path / "rlrep" / "summary.json").read_text())["steps_without_signal"] == 2

@@ -242,6 +242,14 @@ class GRPOTrainer:
             log.warning("step %d: rl/kl %.3f > rl.kl_warn %.3f: the policy drifts far from the start checkpoint "
                         "(watch for reward hacking: check the answers, raise rl.kl_beta or lower rl.lr)",
                         self.state.step, row["kl"], r.kl_warn)
+        if row["parse_failure_rate"] >= 1.0:
+            log.warning("step %d: every answer failed to parse (rl/parse_failure_rate 1.0): the reward is 0 everywhere "
+                        "and nothing is learned; the start checkpoint %s does not answer in the span format (check "
+                        "the SFT stage's evaluation, or rl.init)", self.state.step, self.parent)
+        elif row["zero_advantage_groups"] >= r.queries_per_step:
+            log.warning("step %d: all %d groups are flat (every answer of a query got the same reward): no policy "
+                        "gradient at this step (raise rl.group_size or rl.temperature, or filter easier queries)",
+                        self.state.step, r.queries_per_step)
         if row["entropy"] < r.entropy_warn:
             log.warning("step %d: rl/entropy %.3f < rl.entropy_warn %.3f: sampling is collapsing onto one answer "
                         "(mode collapse: lower rl.lr, or set rl.entropy_coef)", self.state.step, row["entropy"],
@@ -293,7 +301,11 @@ class GRPOTrainer:
             if st.step % r.save_every == 0 or st.step == stop_at:
                 self.save()
         wall = time.perf_counter() - t_start
-        summary = run_summary(st, self.parent, self.parent_meta.get("step"), r.max_steps)
+        summary = run_summary(st, self.parent, self.parent_meta.get("step"), r.max_steps, r.queries_per_step)
+        if summary["steps_without_signal"] == summary["step"] and self.dist.is_main:
+            log.warning("no RL step had a learning signal (%d of %d steps all unparsed or all groups flat): the RL "
+                        "checkpoints equal the start checkpoint up to KL noise; see rl/parse_failure_rate",
+                        summary["steps_without_signal"], summary["step"])
         summary.update({"wall_s": wall, "steps_run": st.step - start_step,
                         "rollout_tokens_per_s": gen_tokens / rollout_s if rollout_s > 0 else float("nan")})
         self.callbacks.on_train_end(summary)

@@ -18,8 +18,9 @@ STEP_METRICS = ("reward_mean", "reward_std", "iou_mean", "parse_failure_rate", "
 """Per-step metrics (`rl/<name>` in the tracker; columns of the steps CSV after `step`)."""
 
 
-def run_summary(state, parent: Path, parent_step, max_steps: int) -> dict:
-    """Run summary: the start, the filter's counts, and first/last-10-step means of the metrics."""
+def run_summary(state, parent: Path, parent_step, max_steps: int, groups: int) -> dict:
+    """Run summary: the start, the filter's counts, first/last-10-step means of the metrics, and how many steps
+    had no learning signal (every answer unparsed, or all `groups` groups flat)."""
     h = state.history
 
     def mean(rows: list[dict], k: str) -> float:
@@ -28,7 +29,10 @@ def run_summary(state, parent: Path, parent_step, max_steps: int) -> dict:
 
     first, last = h[:10], h[-10:]
     out = {"stage": STAGE, "enabled": True, "step": state.step, "completed": state.step >= max_steps,
-           "parent_checkpoint": str(parent), "parent_step": parent_step, "difficulty": state.difficulty}
+           "parent_checkpoint": str(parent), "parent_step": parent_step, "difficulty": state.difficulty,
+           "steps_all_unparsed": sum(x.get("parse_failure_rate", 0) >= 1.0 for x in h),
+           "steps_without_signal": sum(x.get("parse_failure_rate", 0) >= 1.0
+                                       or x.get("zero_advantage_groups", 0) >= groups for x in h)}
     for k in STEP_METRICS:
         out[f"first10/{k}"], out[f"last10/{k}"] = mean(first, k), mean(last, k)
     return out

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from vtg.config._base import Section
 from vtg.config.corpus import CorpusConfig
@@ -69,6 +69,30 @@ class PipelineConfig(Section):
     """MLflow tracking."""
     orchestration: OrchestrationConfig = OrchestrationConfig()
     """Prefect and DVC."""
+
+    @model_validator(mode="after")
+    def _roots_apart(self) -> PipelineConfig:
+        """Each checkpoint root (SFT, RL) is its own: neither inside the other nor holding the evaluation outputs,
+        since a superseded run's root is moved aside whole (it would take the other's checkpoints with it)."""
+        overlap = output_roots_overlap(self)
+        if overlap:
+            raise ValueError(overlap)
+        return self
+
+
+def output_roots_overlap(cfg: PipelineConfig) -> str | None:
+    """Why two output roots overlap (a checkpoint root and another stage's output), or None."""
+    roots = {"train.out_dir": cfg.train.out_dir, "rl.out_dir": cfg.rl.out_dir}
+    others = {**roots, "evaluate.out_dir": cfg.evaluate.out_dir, "evaluate.store_dir": cfg.evaluate.store_dir}
+    for key, root in roots.items():
+        a = Path(root).resolve()
+        for other, path in others.items():
+            b = Path(path).resolve()
+            if other != key and (a == b or a in b.parents or b in a.parents):
+                return (f"{key}={root} and {other}={path} overlap: each checkpoint root needs a folder of its own "
+                        "(e.g. checkpoints/sft and checkpoints/rl side by side, evaluations under reports/), since "
+                        "a superseded run's root is moved aside whole")
+    return None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -150,7 +174,11 @@ def _format_errors(err: ValidationError, origin: dict[str, str], default_source:
     for e in err.errors():
         dotted = ".".join(str(p) for p in e["loc"])
         source = origin.get(dotted) or default_source
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
+        if not dotted:  # a check across sections: its message names the keys (`key=value`), each from its file
+            named = sorted({src for key, src in origin.items() if f"{key}=" in msg})
+            lines.append(f"{' and '.join(named) or default_source}: {msg}")
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key (typo? see `--dry-run` for the valid keys)"
         lines.append(f"{source}: {dotted}: {msg}" + (f" (got {e['input']!r})" if e["type"] != "extra_forbidden"

@@ -153,6 +153,41 @@ def build_messages(query: str, position: str = "after") -> list[dict]:
     return [{"role": "user", "content": [text, video] if position == "before" else [video, text]}]
 
 
+QUERY_SLOT = "\ue000"
+"""A private-use character the chat template renders where the query goes (`encode_prompt` cuts there)."""
+
+
+def vision_tokens(tokenizer) -> tuple[str, str, str]:
+    """(vision start, video pad, vision end) of the tokenizer, Qwen's names by default."""
+    return (getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>",
+            getattr(tokenizer, "video_token", None) or "<|video_pad|>",
+            getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>")
+
+
+def encode_prompt(tokenizer, query: str, block: str, position: str = "after",
+                  system_prompt: str | None = None) -> list[int]:
+    """Token ids of the generation prompt: the chat template, `block` (the video block) in place of its video
+    placeholder, and the query tokenized as plain text, so that a special token written in user text
+    (`<|im_end|>`, `<|video_pad|>`) stays text and can never act as a control token (docs/faults.md). The
+    template's parts around the query are tokenized whole; the query sits between special tokens or after a
+    newline in the Qwen templates, so for a query without such text the ids equal whole-prompt tokenization."""
+    messages = build_messages(QUERY_SLOT, position)
+    if system_prompt:
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    start, video_token, end = vision_tokens(tokenizer)
+    placeholder = f"{start}{video_token}{end}"
+    if prompt.count(video_token) != 1 or placeholder not in prompt or prompt.count(QUERY_SLOT) != 1:
+        raise ValueError(f"chat template must render exactly one {placeholder} for a video and the query once, got "
+                         f"{prompt.count(video_token)} {video_token} and {prompt.count(QUERY_SLOT)} queries")
+    before, _, after = prompt.replace(placeholder, block).partition(QUERY_SLOT)
+
+    def ids(text: str, **kw) -> list[int]:
+        return tokenizer(text, add_special_tokens=False, **kw)["input_ids"] if text else []
+
+    return ids(before) + ids(query, split_special_tokens=True) + ids(after)
+
+
 def encode_example(
     tokenizer,
     frames: np.ndarray,
@@ -176,19 +211,11 @@ def encode_example(
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
     pixels, grid = patchify_video(frames, vision)
     n_video_tokens = int(grid.prod()) // (vision.merge_size ** 2)
-    video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
-    prompt = tokenizer.apply_chat_template(build_messages(query, query_position(tokenizer)), tokenize=False,
-                                           add_generation_prompt=True)
-    start = getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>"
-    end = getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>"
-    placeholder = f"{start}{video_token}{end}"
-    if prompt.count(video_token) != 1 or placeholder not in prompt:
-        raise ValueError(f"chat template must render exactly one {placeholder} for a video, got "
-                         f"{prompt.count(video_token)} {video_token}")
-    block, grid_rows, groups = video_block((start, video_token, end), grid, timestamps, vision,
+    block_tokens = vision_tokens(tokenizer)
+    block, grid_rows, groups = video_block(block_tokens, grid, timestamps, vision,
                                             timestamp_mode(tokenizer, timestamps_mode))
-    prompt = prompt.replace(placeholder, block)
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    prompt_ids = encode_prompt(tokenizer, query, block, query_position(tokenizer))
+    video_token = block_tokens[1]
     answer_ids: list[int] = []
     if answer is not None:
         answer_ids = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
