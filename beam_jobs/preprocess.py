@@ -151,16 +151,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_trainable(manifest: dict, out_dir: str) -> None:
-    """Fail the stage (after writing every output) when training or its selection could not run: no train or no
-    val sample. The error names the counts and where every record went."""
+    """Fail the stage (after writing every output) when the next one cannot run: no train sample. The error gives
+    the counts and where every record went; a split without val or test samples is a warning (training runs, the
+    evaluate stage will say what it lacks)."""
     per_split, rec = manifest["samples_per_split"], manifest["records"]
-    empty = [s for s in ("train", "val") if not per_split.get(s)]
-    if empty:
-        raise VTGError(f"preprocess: no {' and no '.join(empty)} sample ({rec['inputs']} records in: {rec['kept']} kept, "
+    if not per_split.get("train"):
+        raise VTGError(f"preprocess: no train sample ({rec['inputs']} records in: {rec['kept']} kept, "
                        f"{rec['filtered']} filtered, {rec['failed']} dead-lettered; see {out_dir}/filtered.jsonl and "
-                       f"{out_dir}/dead_letter.jsonl): training needs both; add data or relax preprocess's filters")
-    if not per_split.get("test"):
-        log.warning("preprocess: no test sample: the evaluate stage will have no held-out numbers")
+                       f"{out_dir}/dead_letter.jsonl): training cannot run; add data or relax preprocess's filters")
+    for split, what in (("val", "checkpoint selection"), ("test", "held-out numbers")):
+        if not per_split.get(split):
+            log.warning("preprocess: no %s sample: the evaluate stage will have no %s", split, what)
 
 
 if __name__ == "__main__":

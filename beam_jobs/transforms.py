@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 from pathlib import Path
 
 import apache_beam as beam
@@ -134,6 +135,19 @@ def _span_or_none(r: CanonicalRecord):
         return None
 
 
+class AmbiguousVideo(ValueError):
+    """One video_id names more than one file."""
+
+
+class DurationMismatch(ValueError):
+    """An annotation's duration disagrees with its decoded video."""
+
+
+def duration_disagrees(annotated_s: float, decoded_s: float) -> bool:
+    """Beyond the decoder's own tolerance (the truncation check's: 1 s or 5%)."""
+    return abs(annotated_s - decoded_s) > max(1.0, 0.05 * max(annotated_s, decoded_s))
+
+
 class ProcessVideoFn(beam.DoFn):
     """(video_id, records) -> windows; decode once. Never a crash: an unreadable video -> `unreadable_video`
     dead letters; a video too short to split -> `too_short` (filtered); any other exception while one video is
@@ -158,19 +172,35 @@ class ProcessVideoFn(beam.DoFn):
         stage = "group"
         try:
             records = sorted(records, key=lambda r: r.annotation_id)
-            path = records[0].video_path
+            paths = sorted({r.video_path for r in records})
+            if len(paths) > 1:  # one id, two files: never merged (whose frames would the queries get?)
+                yield from self._fail(records, "group", "ambiguous_video_id", AmbiguousVideo(
+                    f"video_id {video_id!r} names {len(paths)} files ({', '.join(paths)}): give each video its own id"))
+                return
+            path = paths[0]
+            # the annotations' majority duration is what the file must hold (a truncated file fails against it);
+            # a line that disagrees with the decoded video is rejected alone, not the video
+            expected = statistics.median_low([r.duration_s for r in records])
             try:
                 stage = "read"
                 with local_copy(path) as local:
                     digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
                     yield TaggedOutput(DIGEST, (path, digest))
                     stage = "decode"
-                    video = decode(local, self.cfg, expected_duration_s=max(r.duration_s for r in records))
+                    video = decode(local, self.cfg, expected_duration_s=expected)
             except (DecodeError, OSError, ValueError, cv2.error) as e:
                 self.failed.inc()
                 yield from self._fail(records, "decode", "unreadable_video", e)
                 return
             self.ok.inc()
+            off = [r for r in records if duration_disagrees(r.duration_s, video.duration_s)]
+            if off:
+                records = [r for r in records if not duration_disagrees(r.duration_s, video.duration_s)]
+                for r in off:
+                    yield from self._fail([r], "decode", "duration_mismatch", DurationMismatch(
+                        f"the annotation says {r.duration_s:g} s but {path} decodes to {video.duration_s:.2f} s"))
+                if not records:
+                    return
             self.seconds.inc(round(video.duration_s))
             stage = "too_short"
             short = too_short(video, self.cfg)
@@ -201,7 +231,7 @@ class ProcessVideoFn(beam.DoFn):
         yield TaggedOutput(SIG, sig)
 
     def _fail(self, records, stage: str, reason: str, e: BaseException):
-        error = str(e) if isinstance(e, DecodeError) else f"{type(e).__name__}: {e}"
+        error = str(e) if isinstance(e, (DecodeError, AmbiguousVideo, DurationMismatch)) else f"{type(e).__name__}: {e}"
         for r in records:
             d = dead_letter(stage, error, record=r)
             d.update(reason=reason, error_type=type(e).__name__)

@@ -12,6 +12,8 @@ UNPROBEABLE_VIDEO = "unprobeable_video"  # Charades only (no durations in the fi
 END_BEYOND_DURATION = "end_beyond_duration"  # end > duration + ingest.end_tolerance_s
 DUPLICATE_ANNOTATION_ID = "duplicate_annotation_id"  # an earlier item already used this annotation id
 PATH_OUTSIDE_ROOT = "path_outside_root"  # video (symlinks resolved) outside video_root and extra_video_roots
+AMBIGUOUS_VIDEO = "ambiguous_video_id"  # the id names files in two folders of video_root: which one is meant?
 
 REASONS = (UNPARSABLE, UNKNOWN_FORMAT, EMPTY_QUERY, NOT_FINITE, NEGATIVE_START, START_GE_END, MISSING_VIDEO,
-           BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID, PATH_OUTSIDE_ROOT)
+           BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID, PATH_OUTSIDE_ROOT,
+           AMBIGUOUS_VIDEO)

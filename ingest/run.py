@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -40,8 +41,13 @@ def _read_text(path: Path) -> str:
 
 
 def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, probe: Probe,
-                seen_ids: set[str], records: list, dead: list, progress: Progress | None = None) -> FileTally:
+                seen_ids: set[str], records: list, dead: list, progress: Progress | None = None,
+                tag: str | None = None) -> FileTally:
+    """One annotation file. Its annotation ids must be unique within it; an id another file already used (two
+    annotators of one set: ActivityNet's val_1/val_2, `train/ann.jsonl` and `val/ann.jsonl`) is kept, qualified
+    by the file (`<id>@<tag>`, `tag` the file's path under the annotation files' common folder)."""
     text = _read_text(path)
+    in_file: set[str] = set()
     fmt = detect_format(path, text) if fmt == "auto" else fmt
     tally = FileTally(path, fmt)
     source = f"{fmt}:{path.as_posix()}"
@@ -51,8 +57,14 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
         try:
             if isinstance(item, Rejected):
                 raise Invalid(item.reason, item.detail)
-            if item.annotation_id in seen_ids:
-                raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} was seen before")
+            if item.annotation_id in in_file:
+                raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} is used twice in "
+                                                         "this file")
+            in_file.add(item.annotation_id)
+            if item.annotation_id in seen_ids:  # another file's: the same id in another file is another annotation
+                item = dataclasses.replace(item, annotation_id=f"{item.annotation_id}@{tag or path.name}")
+                if item.annotation_id in seen_ids:
+                    raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} was seen before")
             record, clipped = to_record(item, source, videos, tolerance, probe)
         except Invalid as e:
             tally.reasons[e.reason] += 1
@@ -95,8 +107,10 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
     seen: set[str] = set()
     cols = (TextColumn("ingest {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, disable=not progress, transient=True) as bar:
+        common = Path(os.path.commonpath([f.parent.resolve() for f in files])) if files else None
         tallies = [ingest_file(f, cfg.format, videos, cfg.end_tolerance_s, probe, seen, records, dead,
-                               bar if progress else None) for f in files]
+                               bar if progress else None, f.resolve().relative_to(common).as_posix())
+                   for f in files]
     inputs = sum(t.inputs for t in tallies)
     assert inputs == len(records) + len(dead), "ingest lost items: inputs != records + dead letters"
     _write_jsonl(Path(cfg.out), records)

@@ -70,6 +70,11 @@ def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
     check_windows(item.windows)
     path = item.extra.get("video_path")  # native records may carry their path; else look the id up
     if not (path and os.path.isfile(path)):
+        if item.video_id in videos.ambiguous:
+            files = videos.ambiguous[item.video_id]
+            raise Invalid(R.AMBIGUOUS_VIDEO, f"id {item.video_id!r} names {len(files)} files under {videos.root} "
+                                             f"({', '.join(files)}): give the record a video_path, or each video "
+                                             "its own id")
         path = videos.locate(item.video_id)
     if path is None:
         raise Invalid(R.MISSING_VIDEO, f"no video file for id {item.video_id!r} under {videos.root} "

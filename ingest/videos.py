@@ -25,14 +25,19 @@ class VideoIndex:
         self.allowed = [os.path.realpath(r) for r in (self.root, *extra_roots)]
         rank = {ext: i for i, ext in enumerate(VIDEO_EXTENSIONS)}
         found: dict[str, tuple[int, str]] = {}
+        folders: dict[str, set[str]] = {}
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames.sort()
             for name in sorted(filenames):
                 stem, ext = os.path.splitext(name)
                 if ext.lower() in rank:
                     key = (rank[ext.lower()], os.path.join(dirpath, name))
-                    found[stem] = min(found.get(stem, key), key)
+                    found[stem] = min(found.get(stem, key), key)  # in one folder: .mp4 before .avi ...
+                    folders.setdefault(stem, set()).add(key[1])
         self.paths = {stem: Path(p).as_posix() for stem, (_, p) in found.items()}
+        self.ambiguous = {stem: sorted(Path(p).as_posix() for p in files) for stem, files in folders.items()
+                          if len({os.path.dirname(p) for p in files}) > 1}
+        """Ids with files in more than one folder: which one a record means is not known, so none is taken."""
 
     def locate(self, video_id: str) -> str | None:
         return self.paths.get(video_id)

@@ -48,6 +48,10 @@ def run_job(tmp_path: Path, videos: dict[str, tuple[int, float]]) -> tuple[dict,
         rows.append(rec(vid, vdir / f"{vid}.mp4", dur, (0.0, dur * 0.4), f"{vid}-q1"))
         if n > 1:
             rows.append(rec(vid, vdir / f"{vid}.mp4", dur, (dur * 0.5, dur * 0.9), f"{vid}-q2"))
+    return run_rows(tmp_path, rows)
+
+
+def run_rows(tmp_path: Path, rows: list[dict]) -> tuple[dict, list[dict], list[dict]]:
     records = tmp_path / "records.jsonl"
     records.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "shards"
@@ -121,3 +125,34 @@ def test_an_exception_in_one_video_dead_letters_only_that_video(tmp_path, monkey
     assert kept_videos(manifest, tmp_path / "shards") <= {"good"}
     assert manifest["records"]["kept"] + manifest["records"]["filtered"] == 2  # good's two queries
     assert manifest["samples_per_split"] and "good" in kept_videos(manifest, tmp_path / "shards")
+
+
+def test_one_line_with_a_wrong_duration_rejects_that_line_not_the_video(tmp_path):
+    """Issue 21 case 1: one line claiming 125 s for a 12.5 s clip dead-lettered every query of the video as
+    `unreadable_video: truncated` (advice: replace the file). Now only that line is rejected."""
+    vdir = tmp_path / "videos"
+    vdir.mkdir()
+    write_video(vdir / "clip.mp4", 100, 8.0, seed=3)  # 12.5 s
+    rows = [rec("clip", vdir / "clip.mp4", 12.5, (0.5 + i, 3.0 + i), f"q{i}") for i in range(3)]
+    rows.append(rec("clip", vdir / "clip.mp4", 125.0, (1.0, 4.0), "wrong"))
+    manifest, dead, _ = run_rows(tmp_path, rows)
+    assert [(d["annotation_id"], d["reason"]) for d in dead] == [("wrong", "duration_mismatch")]
+    assert "125 s" in dead[0]["error"] and "12.50 s" in dead[0]["error"]
+    assert manifest["records"]["kept"] + manifest["records"]["filtered"] == 3
+
+
+def test_one_id_for_two_files_is_a_dead_letter_never_a_merge(tmp_path):
+    """Issue 21 case 1: two videos under one id became one sample whose frames were one video's and whose queries
+    the other's, silently."""
+    vdir = tmp_path / "videos"
+    vdir.mkdir()
+    write_video(vdir / "a.mp4", 80, 8.0, seed=1)
+    write_video(vdir / "b.mp4", 80, 8.0, seed=2)
+    write_video(vdir / "c.mp4", 80, 8.0, seed=4)
+    rows = [rec("same", vdir / "a.mp4", 10.0, (0.5, 3.0), "from-a"), rec("same", vdir / "b.mp4", 10.0, (5.0, 8.0),
+            "from-b"), rec("c", vdir / "c.mp4", 10.0, (1.0, 4.0), "c-q1")]
+    manifest, dead, _ = run_rows(tmp_path, rows)
+    assert sorted((d["annotation_id"], d["reason"]) for d in dead) == [("from-a", "ambiguous_video_id"),
+                                                                        ("from-b", "ambiguous_video_id")]
+    assert "a.mp4" in dead[0]["error"] and "b.mp4" in dead[0]["error"]
+    assert "same" not in kept_videos(manifest, tmp_path / "shards")
