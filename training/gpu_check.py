@@ -128,9 +128,11 @@ def check(a: argparse.Namespace) -> dict:
     mismatched = [s for s in after if a_loss.get(s) != b_loss[s]]
 
     latest = checkpoints.latest_checkpoint(work / "ck")
-    timings["eval_s"] = _run(py + ["evaluation", *params, *ov, "--checkpoint", str(latest), "--split", "val"],
-                             out / "eval.log", env)
-    ev = json.loads((work / "eval" / "metrics.json").read_text())
+    # an ad-hoc evaluation leaves the stage's outputs alone: its copy goes to --out (one folder per checkpoint)
+    timings["eval_s"] = _run(py + ["evaluation", "--checkpoint", str(latest), "--split", "val",
+                                   "--out", str(work / "eval_adhoc"), *params, *ov], out / "eval.log", env)
+    [ev_file] = (work / "eval_adhoc").glob("*/metrics.json")
+    ev = json.loads(ev_file.read_text())
 
     total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
     peak_pct = summary.get("gpu_mem_allocated_pct_max")
