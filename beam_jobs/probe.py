@@ -237,9 +237,15 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
                         edge_widths=np.asarray(widths, float))
 
 
+def duration_slack_s(duration_s: float) -> float:
+    """How far a decoded duration may fall from an annotated one (1 s or 5%): one home for the truncation check
+    and preprocess's per-line `duration_mismatch`."""
+    return max(1.0, 0.05 * duration_s)
+
+
 def _check_complete(n: int, fps: float, declared: int, expected_duration_s: float | None) -> None:
     """Truncated files decode fewer frames than the container (or the annotation) promises."""
     if declared > 0 and n < 0.95 * declared - 1:
         raise DecodeError(f"truncated: decoded {n} of {declared} frames")
-    if expected_duration_s and n / fps < expected_duration_s - max(1.0, 0.05 * expected_duration_s):
+    if expected_duration_s and n / fps < expected_duration_s - duration_slack_s(expected_duration_s):
         raise DecodeError(f"truncated: decoded {n / fps:.2f} s of the annotated {expected_duration_s:.2f} s")

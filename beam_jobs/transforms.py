@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from beam_jobs import dedup
 from beam_jobs.items import FAILED, FILTERED, Outcome, StepError, VideoSig
-from beam_jobs.probe import DecodeError, file_sha256, local_copy
+from beam_jobs.probe import DecodeError, duration_slack_s, file_sha256, local_copy
 from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
 from beam_jobs.video import build_windows, decode, too_short, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
@@ -144,8 +144,8 @@ class DurationMismatch(ValueError):
 
 
 def duration_disagrees(annotated_s: float, decoded_s: float) -> bool:
-    """Beyond the decoder's own tolerance (the truncation check's: 1 s or 5%)."""
-    return abs(annotated_s - decoded_s) > max(1.0, 0.05 * max(annotated_s, decoded_s))
+    """Beyond the decoder's own tolerance (`probe.duration_slack_s`, the truncation check's)."""
+    return abs(annotated_s - decoded_s) > duration_slack_s(max(annotated_s, decoded_s))
 
 
 class ProcessVideoFn(beam.DoFn):
@@ -195,7 +195,7 @@ class ProcessVideoFn(beam.DoFn):
             self.ok.inc()
             off = [r for r in records if duration_disagrees(r.duration_s, video.duration_s)]
             if off:
-                records = [r for r in records if not duration_disagrees(r.duration_s, video.duration_s)]
+                records = [r for r in records if r not in off]
                 for r in off:
                     yield from self._fail([r], "decode", "duration_mismatch", DurationMismatch(
                         f"the annotation says {r.duration_s:g} s but {path} decodes to {video.duration_s:.2f} s"))
