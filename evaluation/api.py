@@ -100,14 +100,15 @@ def _lineage(ckpt: Path, meta: dict, depth: int = 0) -> str:
     """The training run a checkpoint's evaluations are grouped (step curve) and selected in: its run id, else
     its checkpoint root. An RL checkpoint belongs to the run of the checkpoint it started from (meta.json's
     `parent_checkpoint`), so that SFT and RL checkpoints compete for one `best`."""
-    parent = meta.get("parent_checkpoint") if checkpoint_stage(meta) != DEFAULT_STAGE else None
+    parent = (checkpoints.parent_checkpoint(ckpt, meta) if checkpoint_stage(meta) != DEFAULT_STAGE
+              and meta.get("parent_checkpoint") else None)
     if not parent or depth > 8:
-        return meta.get("mlflow_run_id") or str(ckpt.parent)
+        return meta.get("mlflow_run_id") or str(Path(ckpt).resolve().parent)
     try:
         parent_meta = checkpoints.read_checkpoint_meta(parent)
     except VTGError as e:
         log.warning("%s: its parent checkpoint is not readable (%s); grouping it under the parent's root", ckpt, e)
-        return meta.get("parent_mlflow_run_id") or str(Path(parent).resolve().parent)
+        return meta.get("parent_mlflow_run_id") or str(parent.parent)
     return _lineage(checkpoints.resolve_checkpoint(parent), parent_meta, depth + 1)
 
 
@@ -117,7 +118,7 @@ def checkpoint_identity(ckpt: Path, meta: dict) -> dict:
     stage = checkpoint_stage(meta)
     out = {"stage": stage, "checkpoint_name": checkpoint_label({"stage": stage, "checkpoint": str(ckpt)})}
     if meta.get("parent_checkpoint"):
-        out.update(parent_checkpoint=str(meta["parent_checkpoint"]), parent_step=meta.get("parent_step"))
+        out.update(parent_checkpoint=str(checkpoints.parent_checkpoint(ckpt, meta)), parent_step=meta.get("parent_step"))
     return out
 
 
@@ -146,7 +147,7 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
         runs = [r for r in past if order_key(r) != order_key(result)] + [result]
         write_report(entry, result, predictions, store.step_rows(runs, _metric_names(cfg), ev.select_metric),
                      ev.iou_thresholds, ev.report_samples)
-        write_json_atomic(entry / store.RESULT_FILE, result)  # last: marks the entry complete
+        store.save_result(entry, result)  # last: marks the entry complete
         if run_id:
             params = {f"evaluate.{k}": v for k, v in ev.model_dump(mode="json").items()}
             tracking.finish_eval_run(cfg.tracking, run_id, result, entry, params)
@@ -224,7 +225,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
         if found is not None:
             log.info("reusing stored evaluation of %s on %s: %s", ckpt.name, split, found)
             result, entry, reused = store.load_result(found), found, True
-            result = {**result, **checkpoint_identity(ckpt, meta)}  # results stored before stages had names
+            # the checkpoint at hand (the same content: the key holds its digest), with its name and parent
+            result = {**result, "checkpoint": str(ckpt), **checkpoint_identity(ckpt, meta)}
         else:
             result = _evaluate_new(ckpt, meta, split, cfg, key, digests, to_train_run=not adhoc)
             entry, reused = store.entry_dir(cfg.evaluate.store_dir, split, result["checkpoint_name"], key), False

@@ -66,8 +66,9 @@ def register_best(tracking: TrackingConfig, cfg: EvaluateConfig, best: dict) -> 
         current = c.get_model_version_by_alias(name, alias)
     except MlflowException:
         current = None
-    if current is not None and current.tags.get(TAG_CHECKPOINT_DIGEST) == best["checkpoint_digest"]:
-        return current.version
+    if (current is not None and current.tags.get(TAG_CHECKPOINT_DIGEST) == best["checkpoint_digest"]
+            and Path(current.tags.get(TAG_CHECKPOINT) or "/").resolve() == Path(best["checkpoint"]).resolve()):
+        return current.version  # the same content at the same place (a copied project registers its own)
     select = cfg.select_metric
     version = c.create_model_version(
         name, source=str(checkpoints.export_dir(best["checkpoint"])), run_id=best.get("mlflow_run_id"),

@@ -19,10 +19,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from evaluation.registry import DEFAULT_STAGE, checkpoint_label, checkpoint_stage, order_key
+from vtg.io import relative_ref, resolve_ref, write_json_atomic
 from vtg.records import read_jsonl, write_jsonl
 
 RESULT_FILE = "metrics.json"
 PREDICTIONS_FILE = "predictions.jsonl"
+PATH_FIELDS = ("checkpoint", "parent_checkpoint")
+"""The fields of a stored result that name a path (`save_result`/`load_result` keep them portable)."""
 
 
 def eval_key(checkpoint_digest: str, split: str, settings_hash: str, data_digest: str) -> str:
@@ -44,8 +47,29 @@ def find(store_dir: str | Path, split: str, key: str) -> Path | None:
     return None
 
 
+def _is_path(lineage) -> bool:
+    """A lineage is a training run id, or (tracking off) the path of a checkpoint root: the paths have a '/'."""
+    return isinstance(lineage, str) and "/" in lineage
+
+
+def save_result(entry: Path, result: dict) -> None:
+    """metrics.json of an entry (written last: marks it complete). The paths in it (`PATH_FIELDS`, a path
+    lineage) are stored relative to the entry's folder, so that a copied or moved project's store names its own
+    checkpoints (`vtg.io.relative_ref`); `load_result` reads them back absolute."""
+    stored = {**result, **{k: relative_ref(result[k], entry) for k in PATH_FIELDS if result.get(k)}}
+    if _is_path(result.get("lineage")):
+        stored["lineage"] = relative_ref(result["lineage"], entry)
+    write_json_atomic(entry / RESULT_FILE, stored)
+
+
 def load_result(entry: Path) -> dict:
-    return json.loads((entry / RESULT_FILE).read_text())
+    """An entry's result with its paths absolute (relative ones from the entry's folder; absolute ones, stored
+    before paths were relative, as they are)."""
+    r = json.loads((Path(entry) / RESULT_FILE).read_text())
+    r.update({k: str(resolve_ref(r[k], entry)) for k in PATH_FIELDS if r.get(k)})
+    if _is_path(r.get("lineage")):
+        r["lineage"] = str(resolve_ref(r["lineage"], entry))
+    return r
 
 
 def load_predictions(entry: Path) -> list[dict]:
@@ -64,7 +88,7 @@ def history(store_dir: str | Path, split: str, lineage: str, settings_hash: str)
     it) and settings, SFT steps first, then RL steps (`registry.order_key`); the newest result per checkpoint."""
     out: dict[tuple, dict] = {}
     for f in sorted((Path(store_dir) / split).glob(f"*/{RESULT_FILE}"), key=lambda p: p.stat().st_mtime):
-        r = json.loads(f.read_text())
+        r = load_result(f.parent)
         if r.get("lineage") == lineage and r.get("settings_hash") == settings_hash:
             out[order_key(r)] = r
     return [out[k] for k in sorted(out)]

@@ -165,7 +165,8 @@ def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
     if rl_run is not None:
         ch.rl_run = rl_run.info.run_id
         ch.rl_params = {k: v for k, v in rl_run.data.params.items() if k.split("rl.", 1)[-1] in RL_PARAMS}
-    ch.parent_checkpoint = meta.get("parent_checkpoint") or tags.get(L.TAG_PARENT_CHECKPOINT)
+    parent_ref = checkpoints.parent_checkpoint(ch.checkpoint, meta) if meta.get("parent_checkpoint") else None
+    ch.parent_checkpoint = str(parent_ref) if parent_ref else tags.get(L.TAG_PARENT_CHECKPOINT)
     ch.parent_step = meta.get("parent_step")
     run_id = meta.get("mlflow_run_id") or ch.rl_run
     if run_id:

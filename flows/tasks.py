@@ -26,6 +26,7 @@ from flows.evaluator import CheckpointEvaluator
 from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, train_cmd
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
+from vtg.io import resolve_ref
 from vtg.rl_outputs import SUMMARY_JSON as RL_SUMMARY
 from vtg.shards import MANIFEST, data_version
 from vtg.util import flatten
@@ -183,9 +184,12 @@ def _tuned(cfg: PipelineConfig) -> dict:
     summary = _read_json(Path(cfg.rl.report_dir) / RL_SUMMARY)
     latest = checkpoints.latest_checkpoint(cfg.rl.out_dir) if Path(cfg.rl.out_dir).is_dir() else None
     meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
+    parent = checkpoints.parent_checkpoint(latest, meta) if meta.get("parent_checkpoint") else None
+    if parent is None and summary.get("parent_checkpoint"):
+        parent = resolve_ref(summary["parent_checkpoint"], cfg.rl.report_dir)
     return {"enabled": bool(summary.get("enabled", cfg.orchestration.rl)), "out_dir": cfg.rl.out_dir,
             "latest_checkpoint": str(latest) if latest else None, "rl_run_id": meta.get("mlflow_run_id"),
-            "start_checkpoint": meta.get("parent_checkpoint") or summary.get("parent_checkpoint"),
+            "start_checkpoint": str(parent) if parent else None,
             "start_step": meta.get("parent_step", summary.get("parent_step")),
             "steps": meta.get("step", summary.get("step")), "summary": summary}
 

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest import ingest
+from ingest.validate import QueryLimit
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.errors import VTGError
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "python -m ingest"
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
-    summary = ingest(cfg.ingest, progress=True)
+    limit = QueryLimit.for_base(cfg.train.model.base, cfg.ingest.max_query_tokens)
+    summary = ingest(cfg.ingest, progress=True, query_limit=limit)
     Console().print(summarize(summary))
     print(f"records -> {cfg.ingest.out}; dead letters -> {cfg.ingest.dead_letter}; summary -> {cfg.ingest.summary}")
     if summary["records"] == 0:  # fail here, not two stages later in training

@@ -13,7 +13,8 @@ END_BEYOND_DURATION = "end_beyond_duration"  # end > duration + ingest.end_toler
 DUPLICATE_ANNOTATION_ID = "duplicate_annotation_id"  # an earlier item already used this annotation id
 PATH_OUTSIDE_ROOT = "path_outside_root"  # video (symlinks resolved) outside video_root and extra_video_roots
 AMBIGUOUS_VIDEO = "ambiguous_video_id"  # the id names files in two folders of video_root: which one is meant?
+QUERY_TOO_LONG = "query_too_long"  # more tokens than ingest.max_query_tokens (pre-flight's query budget)
 
 REASONS = (UNPARSABLE, UNKNOWN_FORMAT, EMPTY_QUERY, NOT_FINITE, NEGATIVE_START, START_GE_END, MISSING_VIDEO,
            BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID, PATH_OUTSIDE_ROOT,
-           AMBIGUOUS_VIDEO)
+           AMBIGUOUS_VIDEO, QUERY_TOO_LONG)

@@ -15,7 +15,7 @@ from ingest import reasons as R
 from ingest.detect import detect_format, expand_annotation_paths
 from ingest.formats import READERS
 from ingest.items import Rejected
-from ingest.validate import Invalid, Probe, to_record
+from ingest.validate import Invalid, Probe, QueryLimit, to_record
 from ingest.videos import VideoIndex, probe_duration
 from vtg.config import IngestConfig, config_hash
 from vtg.errors import VTGError
@@ -42,7 +42,7 @@ def _read_text(path: Path) -> str:
 
 def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, probe: Probe,
                 seen_ids: set[str], records: list, dead: list, progress: Progress | None = None,
-                tag: str | None = None) -> FileTally:
+                tag: str | None = None, query_limit: QueryLimit | None = None) -> FileTally:
     """One annotation file. Its annotation ids must be unique within it; an id another file already used (two
     annotators of one set: ActivityNet's val_1/val_2, `train/ann.jsonl` and `val/ann.jsonl`) is kept, qualified
     by the file (`<id>@<tag>`, `tag` the file's path under the annotation files' common folder)."""
@@ -65,7 +65,7 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
                 item = dataclasses.replace(item, annotation_id=f"{item.annotation_id}@{tag or path.name}")
                 if item.annotation_id in seen_ids:
                     raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} was seen before")
-            record, clipped = to_record(item, source, videos, tolerance, probe)
+            record, clipped = to_record(item, source, videos, tolerance, probe, query_limit)
         except Invalid as e:
             tally.reasons[e.reason] += 1
             dead.append({"file": path.as_posix(), "line": line, "format": fmt, "reason": e.reason, "detail": e.detail,
@@ -90,15 +90,17 @@ def _write_jsonl(path: Path, rows: list) -> None:
     os.replace(tmp, path)
 
 
-def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration) -> dict:
-    """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary."""
+def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration,
+           query_limit: QueryLimit | None = None) -> dict:
+    """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary. The
+    stage (`python -m ingest`) checks query lengths for the configured model (`QueryLimit.for_base`)."""
     try:
-        return _ingest(cfg, progress, probe)
+        return _ingest(cfg, progress, probe, query_limit)
     except OSError as e:
         raise VTGError(f"{e.filename}: {e.strerror or e}; check the ingest.* paths") from None
 
 
-def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
+def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryLimit | None) -> dict:
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
     videos = VideoIndex(cfg.video_root, cfg.extra_video_roots)
@@ -109,7 +111,7 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe) -> dict:
     with Progress(*cols, disable=not progress, transient=True) as bar:
         common = Path(os.path.commonpath([f.parent.resolve() for f in files])) if files else None
         tallies = [ingest_file(f, cfg.format, videos, cfg.end_tolerance_s, probe, seen, records, dead,
-                               bar if progress else None, f.resolve().relative_to(common).as_posix())
+                               bar if progress else None, f.resolve().relative_to(common).as_posix(), query_limit)
                    for f in files]
     inputs = sum(t.inputs for t in tallies)
     assert inputs == len(records) + len(dead), "ingest lost items: inputs != records + dead letters"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -14,6 +15,32 @@ from ingest.videos import VideoIndex
 from vtg.records import CanonicalRecord
 
 Probe = Callable[[str], tuple[float | None, str]]
+
+
+@dataclass(frozen=True)
+class QueryLimit:
+    """`ingest.max_query_tokens`, and how a query is counted: with the tokenizer pre-flight counts the model's
+    text with (`vtg.model.tokens.counting_tokenizer`)."""
+
+    max_tokens: int
+    count: Callable[[str], int]
+    counted_with: str
+    """Says whose tokenizer, for the dead letter."""
+
+    @classmethod
+    def for_base(cls, base: str, max_tokens: int) -> QueryLimit:
+        from vtg.model.tokens import counting_tokenizer, query_ids
+
+        tokenizer, note, _ = counting_tokenizer(base)
+        return cls(max_tokens, lambda q: len(query_ids(tokenizer, q)), f"train.model.base={base} ({note})")
+
+    def check(self, query: str) -> None:
+        n = self.count(query)
+        if n > self.max_tokens:
+            raise Invalid(R.QUERY_TOO_LONG, f"the query is {n} tokens > ingest.max_query_tokens={self.max_tokens} "
+                                            f"(counted for {self.counted_with}): shorten it, or raise "
+                                            "ingest.max_query_tokens (pre-flight then checks the longer query "
+                                            "against train.data.max_seq_len)", query_tokens=n)
 
 
 class Invalid(Exception):
@@ -61,10 +88,12 @@ def clip_windows(windows: list[tuple[float, float]], duration: float, tolerance:
 
 
 def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
-              probe: Probe) -> tuple[CanonicalRecord, bool]:
+              probe: Probe, query_limit: QueryLimit | None = None) -> tuple[CanonicalRecord, bool]:
     """(record, whether a window end was clipped to the duration); raises `Invalid`."""
     if not item.query.strip():
         raise Invalid(R.EMPTY_QUERY, "the query text is empty")
+    if query_limit is not None:
+        query_limit.check(item.query)
     if not item.windows:
         raise Invalid(R.UNPARSABLE, "no ground-truth window")
     check_windows(item.windows)

@@ -82,9 +82,9 @@ def lineage_parents(cfg: PipelineConfig) -> list[Path]:
     """The checkpoints that RL checkpoints started from (meta.json `parent_checkpoint`), resolved."""
     parents = set()
     for c in ckpt.list_checkpoints(cfg.rl.out_dir):
-        parent = ckpt.read_checkpoint_meta(c).get("parent_checkpoint")
+        parent = ckpt.parent_checkpoint(c)
         if parent:
-            parents.add(Path(parent).resolve())
+            parents.add(parent)
     return sorted(parents)
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vtg.errors import VTGError
+from vtg.model.tokens import own_tokenizer
 
 GB = 2**30
 # Parameter counts (total, largest single layer = the token embedding) of common bases, so the planner works
@@ -260,18 +261,11 @@ def arch_for(base: str) -> tuple[Arch, str, object] | None:
         return Arch.from_hf_config(config), f"shape-true config of {kw['base']}", tokenizer
     path = Path(resolve_base(base))
     if (path / "config.json").is_file():
-        from transformers import AutoTokenizer
-
         return (Arch.from_config_json(json.loads((path / "config.json").read_text())), f"{path}/config.json",
-                AutoTokenizer.from_pretrained(path))
-    if (cached := _hf_cached_config(base)) is not None:
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
-        except (OSError, ValueError):  # config cached without the tokenizer files
-            tokenizer = None
-        return Arch.from_config_json(json.loads(Path(cached).read_text())), "Hugging Face cache config.json", tokenizer
+                own_tokenizer(base))
+    if (cached := _hf_cached_config(base)) is not None:  # its tokenizer too, when the cache has its files
+        return (Arch.from_config_json(json.loads(Path(cached).read_text())), "Hugging Face cache config.json",
+                own_tokenizer(base))
     facts = shape_true.arch_facts(base)
     if facts is None:
         return None

@@ -9,9 +9,10 @@ Needs no weights and no shards, and training runs the same check before it loads
 **Tokens.** The longest example the experiment can produce: the most frames preprocess samples from one window
 (`preprocess.num_frames`, or `frame_fps` x `max_window_s`), at `preprocess.frame_size`, resized and patchified
 as training does (`vtg.model.processing.smart_resize` with the vision tower's patch x merge geometry from the
-model's config), with the chat scaffolding, a long query (40 words) and the longest plausible answer for a
-`max_window_s` window (`vtg.answer.format_answer`), assembled like `encode_example` (query position and
-timestamp mode from `train.data`). Checked against `train.data.max_seq_len`.
+model's config), with the chat scaffolding, the longest query ingest lets in (`ingest.max_query_tokens`, counted
+with the same tokenizer: `vtg.model.tokens`) and the longest plausible answer for a `max_window_s` window
+(`vtg.answer.format_answer`), assembled like `encode_example` (query position and timestamp mode from
+`train.data`). Checked against `train.data.max_seq_len`.
 
 The geometry comes from the model's config: `tiny` and local exports from their `config.json`, `shape-true:`
 specs from their cut config, hub ids from the Hugging Face cache when the model was downloaded before, else
@@ -19,7 +20,7 @@ from the architecture facts in `vtg/model/archs/`. Local models count text with 
 the test suite checks the count against `encode_example` on a real example). Hub ids count it with the local
 tiny tokenizer plus Qwen's default system turn: the video tokens are exact, but that byte-level BPE (392 tokens)
 splits English words far finer than Qwen's 151k-token vocabulary, which keeps most common words whole, so the
-text part is an upper bound (the 40-word query is 137 tokens here, the system turn 26; Qwen's own tokenizer is
+text part is an upper bound (a 40-word query is 137 tokens here, the system turn 26; Qwen's own tokenizer is
 not available offline to count them exactly).
 
 **Memory.** Per GPU for one micro-batch of the longest example: model states by ZeRO stage (`training/plan.py`,
@@ -53,15 +54,10 @@ from vtg.model.processing import (
     video_block,
     vision_tokens,
 )
+from vtg.model.tokens import counting_tokenizer
 
 log = logging.getLogger("training.preflight")
 
-QUERY_WORDS = 40
-_QUERY = ("the person in the red shirt walks slowly across the kitchen to the wooden table, picks up a small blue "
-          "cup with the left hand, drinks from it, puts it back down next to the open laptop, and then leaves "
-          "the room through the door on the right")
-QWEN_SYSTEM_PROMPT = "You are a helpful assistant."
-"""The system turn Qwen2.5-VL's chat template adds when a conversation has none (training sends none)."""
 SEQ_STEP = 256
 SEQ_MARGIN = 0.02
 RESERVE_GB = Setup.reserve_gb
@@ -69,12 +65,6 @@ RESERVE_GB = Setup.reserve_gb
 
 class PreflightError(SanityError):
     """The recipe cannot fit: its longest example exceeds max_seq_len, or a GPU's memory."""
-
-
-def long_query(words: int = QUERY_WORDS) -> str:
-    """A plausible `words`-word grounding query (ActivityNet-style captions reach this length)."""
-    base = _QUERY.split()
-    return " ".join(base[i % len(base)] for i in range(words))
 
 
 def longest_answer(window_s: float) -> str:
@@ -101,7 +91,7 @@ class TokenCount:
     video_tokens: int
     text_tokens: int
     """Everything else: chat scaffolding, query, per-group timestamps (text mode), answer + eos."""
-    query_words: int
+    query_tokens: int
     answer: str
 
     @property
@@ -109,12 +99,13 @@ class TokenCount:
         return self.video_tokens + self.text_tokens
 
 
-def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: int, window_s: float, query: str,
-                   answer: str, timestamps: str, query_position: str, system_prompt: str | None = None
-                   ) -> TokenCount:
+def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: int, window_s: float,
+                   query_tokens: int, answer: str, timestamps: str, query_position: str,
+                   system_prompt: str | None = None) -> TokenCount:
     """Length of the example `encode_example` would build for `frames` frames of frame_size x frame_size sampled
-    uniformly over `window_s` seconds, without decoding or patchifying any pixels (same template, video block,
-    tokenizer calls)."""
+    uniformly over `window_s` seconds and a query of `query_tokens` tokens (`vtg.model.tokens.query_ids`: the
+    prompt holds them between the template's parts), without decoding or patchifying any pixels (same template,
+    video block, tokenizer calls)."""
     import torch
 
     factor = vision.patch_size * vision.merge_size
@@ -123,10 +114,10 @@ def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: 
     ts = [(i + 0.5) * window_s / frames for i in range(frames)]
     block, _, _ = video_block(vision_tokens(tokenizer), torch.tensor([grid]), ts, vision,
                                timestamp_mode(tokenizer, timestamps))
-    n = len(encode_prompt(tokenizer, query, block, query_position, system_prompt))
+    n = len(encode_prompt(tokenizer, "", block, query_position, system_prompt)) + query_tokens
     n += len(tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"])
     video = grid[0] * grid[1] * grid[2] // vision.merge_size ** 2
-    return TokenCount(frames, frame_size, (h, w), grid, video, n - video, len(query.split()), answer)
+    return TokenCount(frames, frame_size, (h, w), grid, video, n - video, query_tokens, answer)
 
 
 def fitting_max_seq_len(tokens: int) -> int:
@@ -207,7 +198,8 @@ class Report:
             f"  tokens    longest example {t.total:,} = {t.video_tokens:,} video + {t.text_tokens:,} text",
             (f"            video: {t.frames} frames at {t.frame_size} px -> {t.resized[0]}x{t.resized[1]}, grid "
              f"{t.grid[0]}x{t.grid[1]}x{t.grid[2]} patches / merge -> {t.video_tokens:,} tokens"),
-            (f"            text: chat scaffolding, a {t.query_words}-word query, answer {t.answer!r} + eos "
+            (f"            text: chat scaffolding, a {t.query_tokens}-token query (ingest.max_query_tokens), answer "
+             f"{t.answer!r} + eos "
              f"({self.tokenizer_note})"),
             (f"            train.data.max_seq_len {self.max_seq_len:,}: "
              + ("OK" if t.total <= self.max_seq_len else "FAIL") + f" ({self.max_seq_len - t.total:+,} to spare)"),
@@ -267,21 +259,17 @@ def _model(base: str) -> tuple[Arch, str, object, str, str | None]:
             f"train.model.base={base!r}: no architecture facts without weights (not `tiny`, a local export, a "
             "`shape-true:` spec, in the Hugging Face cache, or in vtg/model/archs/): add its config.json fields "
             "there (see vtg/model/shape_true.py)")
-    arch, source, tokenizer = found
-    if tokenizer is not None:
+    arch, source, _ = found
+    tokenizer, note, system = counting_tokenizer(base)  # the one ingest's query limit counts with
+    if system is None:
         check_tokenizer(tokenizer)  # an export without a chat template fails here as in the sanity checks
-        return arch, source, tokenizer, "counted with the model's own tokenizer", None
-    from transformers import AutoTokenizer
-
-    from vtg.model.tiny import build_tiny_model
-
-    note = ("text counted with the local tiny tokenizer plus Qwen's default system turn: an upper bound, the "
-            "tiny BPE splits words far finer than Qwen's")
-    return arch, source, AutoTokenizer.from_pretrained(build_tiny_model(seed=0)), note, QWEN_SYSTEM_PROMPT
+    return arch, source, tokenizer, note, system
 
 
-def preflight(cfg, query_words: int = QUERY_WORDS) -> Report:
-    """Tokens and per-GPU memory of the experiment's longest example, and the verdict (see the module doc)."""
+def preflight(cfg, query_tokens: int | None = None) -> Report:
+    """Tokens and per-GPU memory of the experiment's longest example, and the verdict (see the module doc).
+    `query_tokens`: the longest query, by default `ingest.max_query_tokens` (what ingest lets in)."""
+    query_tokens = cfg.ingest.max_query_tokens if query_tokens is None else query_tokens
     t, p = cfg.train, cfg.preprocess
     arch, source, tokenizer, note, system = _model(t.model.base)
     vision = VisionParams(patch_size=arch.patch_size, merge_size=arch.merge_size,
@@ -289,7 +277,7 @@ def preflight(cfg, query_words: int = QUERY_WORDS) -> Report:
 
     def count(frames: int) -> TokenCount:
         return example_tokens(tokenizer, vision, frames=frames, frame_size=p.frame_size, window_s=p.max_window_s,
-                              query=long_query(query_words), answer=longest_answer(p.max_window_s),
+                              query_tokens=query_tokens, answer=longest_answer(p.max_window_s),
                               timestamps=t.data.timestamps, query_position=t.data.query_position,
                               system_prompt=system)
 
@@ -425,10 +413,11 @@ def main(argv: list[str] | None = None) -> int:
                                "and per-GPU memory (model states + activations) vs train.gpu_mem_gb, without "
                                "weights or shards. Exit 0: OK; 2: FAIL, with the overrides that fit.")
     parser.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
-    parser.add_argument("--query-words", type=int, default=QUERY_WORDS,
-                        help="words of the long query counted (default: %(default)s)")
+    parser.add_argument("--query-tokens", type=int, default=None,
+                        help="tokens of the longest query counted (default: ingest.max_query_tokens, the longest "
+                             "that ingest lets in)")
     args = parser.parse_args(argv)
-    report = preflight(resolve_config(args), query_words=args.query_words)
+    report = preflight(resolve_config(args), query_tokens=args.query_tokens)
     print(report.render())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from vtg.errors import VTGError
-from vtg.io import file_digest, write_json_atomic  # also `ckpt.write_json_atomic` (training/loop.py)
+from vtg.io import file_digest, relative_ref, resolve_ref, write_json_atomic  # also `ckpt.write_json_atomic`
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,10 @@ def write_pointer(pointer: str | Path, checkpoint: str | Path, **extra: Any) -> 
     """Atomically make `pointer` a JSON file naming `checkpoint` (relative to the pointer's folder) + `extra`."""
     pointer, checkpoint = Path(pointer), Path(checkpoint)
     pointer.parent.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(checkpoint.resolve(), pointer.parent.resolve())
+    rel = relative_ref(checkpoint, pointer.parent)
     if pointer.is_symlink():  # an older layout's symlink pointer: replace the link, not its target
         pointer.unlink()
-    write_json_atomic(pointer, {"checkpoint": Path(rel).as_posix(), **extra})
+    write_json_atomic(pointer, {"checkpoint": rel, **extra})
 
 
 def read_pointer(pointer: str | Path) -> dict | None:
@@ -133,7 +133,22 @@ def read_pointer(pointer: str | Path) -> dict | None:
         data = {"checkpoint": text}
     if not isinstance(data, dict) or not data.get("checkpoint"):
         raise VTGError(f"{p}: not a checkpoint pointer (expected JSON with a 'checkpoint' key)")
-    return {**data, "path": (p.parent / data["checkpoint"]).resolve()}
+    return {**data, "path": resolve_ref(data["checkpoint"], p.parent)}
+
+
+def parent_ref(step_dir: str | Path, parent: str | Path) -> str:
+    """meta.json's `parent_checkpoint` of the checkpoint that will live at `step_dir` (its final name, not the
+    temp one): relative to that folder, so a moved or copied project keeps its lineage (`vtg.io.relative_ref`)."""
+    return relative_ref(parent, step_dir)
+
+
+def parent_checkpoint(checkpoint: str | Path, meta: dict | None = None) -> Path | None:
+    """The checkpoint an RL checkpoint started from (meta.json `parent_checkpoint`, relative to the checkpoint's
+    folder, or absolute as older metas wrote it), or None when it names none."""
+    checkpoint = resolve_checkpoint(checkpoint)
+    meta = read_checkpoint_meta(checkpoint) if meta is None else meta
+    ref = meta.get("parent_checkpoint")
+    return resolve_ref(ref, checkpoint) if ref else None
 
 
 def resolve_pointer(root: str | Path, name: str) -> Path | None:

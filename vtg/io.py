@@ -18,6 +18,20 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def relative_ref(target: str | Path, base_dir: str | Path) -> str:
+    """How a file names another path: relative to `base_dir`, the folder of the file that holds the reference
+    (POSIX), so that a copied or moved project still resolves it. The one rule for every stored path: pointers,
+    an RL checkpoint's parent, stored evaluations (docs/architecture.md, "Portable outputs")."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(base_dir).resolve())).as_posix()
+
+
+def resolve_ref(ref: str | Path, base_dir: str | Path) -> Path:
+    """The path a stored reference names: a relative one from `base_dir` (`relative_ref`), an absolute one (files
+    written before references were relative) as it is."""
+    p = Path(ref)
+    return p.resolve() if p.is_absolute() else (Path(base_dir) / p).resolve()
+
+
 def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
     """sha256 (hex) of a file's content, read `chunk` bytes at a time."""
     h = hashlib.sha256()

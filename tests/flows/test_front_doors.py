@@ -21,6 +21,8 @@ import pytest
 import yaml
 from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, set_params
 
+from vtg import checkpoints as ckpt
+
 STAGES = ["corpus", "ingest", "preprocess", "train", "rl", "evaluate"]
 
 
@@ -61,7 +63,7 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert sorted(x.name for x in sft.iterdir()) == ["latest", "step-000002", "step-000004"]
     assert sorted(x.name for x in rl.glob("step-*")) == ["step-000001", "step-000002"]
     rl_meta = json.loads((rl / "step-000002" / "meta.json").read_text())
-    assert rl_meta["stage"] == "rl" and (p / rl_meta["parent_checkpoint"]).resolve().parent == sft.resolve()
+    assert rl_meta["stage"] == "rl" and ckpt.parent_checkpoint(rl / "step-000002").parent == sft.resolve()
     assert (p / "reports/rl/steps.csv").read_text().splitlines()[0].startswith("step,reward_mean,")
     assert json.loads((p / "reports/rl/summary.json").read_text())["enabled"] is True
     second = dvc(p, "repro")

@@ -139,7 +139,8 @@ def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     meta = checkpoints.read_checkpoint_meta(a / "rl" / "step-000004", verify=True)
     assert meta["stage"] == "rl" and meta["parent_step"] == SFT_STEPS
-    assert Path(meta["parent_checkpoint"]).resolve() == checkpoints.latest_checkpoint(sft_dir).resolve()
+    assert not Path(meta["parent_checkpoint"]).is_absolute()  # relative to the checkpoint: portable
+    assert checkpoints.parent_checkpoint(a / "rl" / "step-000004") == checkpoints.latest_checkpoint(sft_dir).resolve()
     assert checkpoints.latest_checkpoint(a / "rl").name == "step-000004"
     summary = json.loads((a / "rlrep" / "summary.json").read_text())
     assert summary["difficulty"]["scored"] == 48 and summary["difficulty"]["kept"] <= 48

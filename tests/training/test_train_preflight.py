@@ -11,7 +11,6 @@ from training.plan import Arch, activation_bytes, arch_for
 from training.preflight import (
     PreflightError,
     check_before_training,
-    long_query,
     longest_answer,
     main,
     preflight,
@@ -21,6 +20,21 @@ from vtg.config import load_config
 
 PARAMS = REPO_ROOT / "params.yaml"
 EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "experiments").glob("*.yaml"))
+
+
+QUERY = ("the person in the red shirt walks slowly across the kitchen to the wooden table, picks up a small blue "
+         "cup with the left hand, drinks from it, puts it back down next to the open laptop, and then leaves the "
+         "room through the door on the right ") * 4
+
+
+def query_of(tokenizer, n: int) -> str:
+    """The longest prefix of QUERY that is exactly `n` tokens as the prompt holds it."""
+    from vtg.model.tokens import query_ids
+
+    for k in range(len(QUERY), 0, -1):
+        if len(query_ids(tokenizer, QUERY[:k])) == n:
+            return QUERY[:k]
+    raise AssertionError(f"no prefix of {n} tokens")
 
 
 def _cfg(experiment=None, *overrides):
@@ -148,7 +162,8 @@ def test_tiny_count_matches_encode_example_on_a_real_example(timestamps, positio
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = position
     vision = VisionParams.from_model_config(AutoConfig.from_pretrained(tiny_model_dir))
     frames = decode_jpegs(jpegs)
-    longest = encode_example(tokenizer, frames, meta.frame_timestamps, long_query(), longest_answer(p.max_window_s),
+    query = query_of(tokenizer, cfg.ingest.max_query_tokens)  # the longest query ingest lets in
+    longest = encode_example(tokenizer, frames, meta.frame_timestamps, query, longest_answer(p.max_window_s),
                              vision=vision)
     assert len(longest["input_ids"]) == report.tokens.total
     assert int((longest["mm_token_type_ids"] == 2).sum()) == report.tokens.video_tokens

@@ -259,7 +259,8 @@ class GRPOTrainer:
     def save(self) -> Path | None:
         step, pm = self.state.step, self.parent_meta
         last = self.state.history[-1] if self.state.history else {}
-        meta = {"stage": STAGE, "parent_checkpoint": str(self.parent), "parent_step": pm.get("step"),
+        parent = ckpt.parent_ref(Path(self.rcfg.out_dir) / ckpt.step_dir_name(step), self.parent)
+        meta = {"stage": STAGE, "parent_checkpoint": parent, "parent_step": pm.get("step"),
                 "data_version": self.data_version, "git_commit": lineage.git_commit(),
                 "config_hash": config_hash(self.cfg), RL_KEY: self.hash, "train_hash": pm.get("train_hash"),
                 "finetune": pm.get("finetune"), "base": pm.get("base"), "base_path": pm.get("base_path"),

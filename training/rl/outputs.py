@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vtg.io import relative_ref
 from vtg.rl_outputs import STEPS_CSV, SUMMARY_JSON
 
 STAGE = "rl"
@@ -46,6 +47,8 @@ def write_outputs(summary: dict, history: list[dict], report_dir: Path) -> None:
         w.writerow(["step", *STEP_METRICS])
         for row in history:
             w.writerow([row["step"], *(_fmt(row.get(k)) for k in STEP_METRICS)])
+    if summary.get("parent_checkpoint"):  # a stored path is relative to the file's folder (vtg.io.relative_ref)
+        summary = {**summary, "parent_checkpoint": relative_ref(summary["parent_checkpoint"], report_dir)}
     (report_dir / SUMMARY_JSON).write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 

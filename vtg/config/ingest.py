@@ -18,6 +18,10 @@ class IngestConfig(Section):
     """More directories a record's `video_path` may point into (an explicit allow-list; not searched by id)."""
     end_tolerance_s: float = Field(0.5, ge=0)
     """An end time up to this far beyond the video duration is clipped, not rejected."""
+    max_query_tokens: int = Field(150, ge=1)
+    """A longer query is dead-lettered `query_too_long`, counted with the tokenizer pre-flight counts
+    `train.model.base` with (`vtg.model.tokens`); pre-flight budgets a query of exactly this length against
+    `train.data.max_seq_len`, so no query that enters can make an example too long."""
     out: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)
     """Canonical records output (one JSON object per (video, query))."""
     dead_letter: str = Field("data/interim/ingest_dead_letter.jsonl", json_schema_extra=NOT_OUTPUT)

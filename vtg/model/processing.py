@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from vtg.answer import format_answer
+from vtg.model.tokens import query_ids
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -185,7 +186,7 @@ def encode_prompt(tokenizer, query: str, block: str, position: str = "after",
     def ids(text: str, **kw) -> list[int]:
         return tokenizer(text, add_special_tokens=False, **kw)["input_ids"] if text else []
 
-    return ids(before) + ids(query, split_special_tokens=True) + ids(after)
+    return ids(before) + query_ids(tokenizer, query) + ids(after)
 
 
 def encode_example(
