@@ -25,6 +25,7 @@ from vtg.lineage import (
     TAG_TRAIN_RUN,
     git_commit,
 )
+from vtg.net import check_tracking_server
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def flat_metrics(result: dict) -> dict[str, float]:
 def client(tracking: TrackingConfig):
     import mlflow
 
+    check_tracking_server(tracking.tracking_uri)
     mlflow.set_tracking_uri(tracking.tracking_uri)
     return mlflow.MlflowClient(tracking.tracking_uri)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from vtg import lineage, util
 from vtg.config import PipelineConfig
+from vtg.net import check_tracking_server
 
 log = logging.getLogger(__name__)
 PARENT_TAG = "mlflow.parentRunId"
@@ -24,6 +25,7 @@ def client(cfg: PipelineConfig):
     import mlflow
     from mlflow import MlflowClient
 
+    check_tracking_server(cfg.tracking.tracking_uri)
     mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
     return MlflowClient(cfg.tracking.tracking_uri)
 

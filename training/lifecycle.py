@@ -32,7 +32,7 @@ from training.dist import DistInfo, barrier, broadcast, rng_state, set_rng_state
 from vtg import checkpoints as ckpt
 from vtg import eval_queue
 from vtg.config import PipelineConfig, output_roots_overlap
-from vtg.errors import VTGError
+from vtg.errors import VTGError, out_of_space
 from vtg.io import write_json_atomic
 
 log = logging.getLogger("training")
@@ -214,6 +214,19 @@ class RunLifecycle:
         adapter only for LoRA: peft filters the state dict), then meta.json, the rename, `latest` and retention.
         `state` holds the rank's `run`, `guard` and `num_workers`; returns the checkpoint on rank 0."""
         tmp = ckpt.temp_dir_for(self.root, step)
+        try:
+            return self._save(tmp, step, engine, tokenizer, state, meta)
+        except Exception as e:
+            if not out_of_space(e, self.root):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # our own temp: a failed save must not keep the disk full
+            why = (f"{e.strerror}: {e.filename}" if isinstance(e, OSError) else
+                   (str(e).strip().splitlines() or [type(e).__name__])[-1][:200])
+            raise VTGError(f"step {step}: no room for the checkpoint under {self.root} ({why}); the partial "
+                           f"{tmp.name} was removed and the last complete checkpoint is untouched: free space "
+                           f"(`df -h {self.root}`) and rerun, training resumes from it") from None
+
+    def _save(self, tmp: Path, step: int, engine, tokenizer, state: dict, meta: dict) -> Path | None:
         if self.dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             ckpt.engine_dir(tmp).mkdir(parents=True)

@@ -39,6 +39,7 @@ names it and says why, and falls back to the newest one that does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vtg.errors import VTGError
+from vtg.errors import VTGError, describe_os_error
 from vtg.io import file_digest, relative_ref, resolve_ref, write_json_atomic  # also `ckpt.write_json_atomic`
 
 log = logging.getLogger(__name__)
@@ -373,6 +374,18 @@ class CheckpointLock:
             return False
 
     def acquire(self) -> CheckpointLock:
+        try:
+            return self._acquire()
+        except VTGError:
+            raise
+        except OSError as e:  # a full disk, a read-only folder: one line, and no empty lock file left behind
+            if self.fd is None:
+                with contextlib.suppress(OSError):
+                    if self.path.is_file() and self.path.stat().st_size == 0:
+                        self.path.unlink()
+            raise VTGError(f"cannot lock {self.root}: {describe_os_error(e)}") from None
+
+    def _acquire(self) -> CheckpointLock:
         import fcntl
 
         for _ in range(50):
@@ -389,8 +402,13 @@ class CheckpointLock:
                                "it to finish or stop it, or set another train.out_dir") from None
             old, self.fd = self.fd, fd
             if self._held_here():
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                except OSError:
+                    os.close(fd)
+                    self.fd = old
+                    raise
                 if old is not None:
                     os.close(old)
                 return self

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 
 from vtg.config import PipelineConfig, config_hash, dump_yaml, load_config
-from vtg.errors import VTGError
+from vtg.errors import VTGError, describe_os_error
 
 
 def config_arg_parser(description: str) -> argparse.ArgumentParser:
@@ -40,13 +41,36 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 
 
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run a CLI main: user errors (VTGError) become one line on stderr and exit code 2."""
+    """Run a CLI main: every failure the user can act on is one line on stderr, no traceback (docs/faults.md).
+
+    - a `VTGError` (a user error: the message says what to do): exit 2;
+    - an `OSError` (disk full, permission denied, a read-only or vanished folder): what failed where, exit 2;
+    - an MLflow error (an unreachable tracking server, ...): its first line and the key to check, exit 2;
+    - stdout closed by its reader (`| head`): nothing more is written, exit 141 like `cat` or `git`;
+    - Ctrl-C: `interrupted`, exit 130.
+    Anything else is a bug, and keeps its traceback."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return int(main(argv) or 0)
+        rc = int(main(argv) or 0)
+        sys.stdout.flush()  # inside the try: a reader that closed the pipe is seen here, not at interpreter exit
+        return rc
     except VTGError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # Python would flush into the closed pipe again at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if type(e).__name__ != "MlflowException":
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        print(f"error: MLflow: {first} (is the tracking server at tracking.tracking_uri running and reachable? "
+              "tracking.enabled=false runs without it)", file=sys.stderr)
+        return 2

@@ -12,3 +12,23 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def check_tracking_server(uri: str, timeout_s: float = 5.0) -> None:
+    """For an http(s) tracking URI, a TCP connect to the server first: MLflow's client retries an unreachable
+    server with backoff for minutes before it fails; this says so in one line at once (`VTGError`). Local
+    stores (`sqlite:`, file paths) need no server and pass."""
+    from urllib.parse import urlparse
+
+    from vtg.errors import VTGError
+
+    u = urlparse(uri)
+    if u.scheme not in ("http", "https"):
+        return
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise VTGError(f"the MLflow tracking server at {uri} is not reachable ({e.strerror or e}): start it "
+                       "(`make serve`, docs/stages.md) or point tracking.tracking_uri at a running one; "
+                       "tracking.enabled=false runs without it") from None

@@ -13,6 +13,7 @@ from training.callbacks import Callback
 from training.metrics import RUN_PERF_KEYS
 from vtg import lineage
 from vtg.config import config_hash
+from vtg.net import check_tracking_server
 from vtg.util import flatten
 
 LOSS_KEY = "train/loss"
@@ -55,6 +56,7 @@ class StageMLflow(Callback):
     def on_train_start(self, info: dict) -> None:
         import mlflow
 
+        check_tracking_server(self.cfg.tracking.tracking_uri)
         mlflow.set_tracking_uri(self.cfg.tracking.tracking_uri)
         mlflow.set_experiment(self.cfg.tracking.experiment)
         parent = os.environ.get(lineage.ENV_PARENT_RUN_ID)
