@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ingest.items import lines
 from vtg.errors import VTGError
 
 FORMATS = ("charades", "qvhighlights", "activitynet", "jsonl")
@@ -13,7 +14,7 @@ _HINT = "set ingest.format to one of " + ", ".join(FORMATS)
 
 
 def _first_json_object(text: str) -> dict | None:
-    for line in text.splitlines():
+    for line in lines(text):
         if line.strip():
             try:
                 obj = json.loads(line)
@@ -26,7 +27,7 @@ def _first_json_object(text: str) -> dict | None:
 
 def detect_format(path: Path, text: str) -> str:
     ext = path.suffix.lower()
-    if ext == ".txt" and any("##" in line for line in text.splitlines()[:20]):
+    if ext == ".txt" and any("##" in line for line in lines(text)[:20]):
         return "charades"
     if ext in (".jsonl", ".json"):
         obj = _first_json_object(text) if ext == ".jsonl" else None

@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
 
 
+def lines(text: str) -> list[str]:
+    """The lines of an annotation file: split at `\\n`, `\\r\\n` or `\\r` only. (`str.splitlines` also splits at
+    U+2028, U+0085, form feeds and more, which a caption may hold as text: its line would be cut in two.)"""
+    out = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return out[:-1] if out and out[-1] == "" else out
+
+
 @dataclass(frozen=True)
 class RawItem:
     """One parsed (video, query) annotation, not validated yet."""

@@ -34,10 +34,15 @@ class FileTally:
 
 
 def _read_text(path: Path) -> str:
+    """An annotation file's text as written: UTF-8 (a byte-order mark, as Windows editors write, dropped) or
+    UTF-16 with its mark; any line ending (`str.splitlines` in the readers)."""
+    data = path.read_bytes()
+    encoding = "utf-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig"
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError as e:
-        raise VTGError(f"{path}: not UTF-8 text (byte {e.start}); is this an annotation file?") from None
+        raise VTGError(f"{path}: not UTF-8 text (byte {e.start}); is this an annotation file? (save it as UTF-8)"
+                       ) from None
 
 
 def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, probe: Probe,

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 
 from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows
+from ingest.items import lines as text_lines
 from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
 
 _KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*\{')  # "vid": { anywhere on a line
@@ -18,13 +19,13 @@ _LEADING_KEY = re.compile(r'^[\s{]*"((?:[^"\\]|\\.)*)"\s*:')  # a key that start
 
 
 def key_lines(text: str) -> dict[str, int]:
-    lines: dict[str, int] = {}
-    for no, line in enumerate(text.splitlines(), 1):
+    found: dict[str, int] = {}
+    for no, line in enumerate(text_lines(text), 1):
         if m := _LEADING_KEY.match(line):
-            lines.setdefault(m.group(1), no)
+            found.setdefault(m.group(1), no)
         for m in _KEY.finditer(line):
-            lines.setdefault(m.group(1), no)
-    return lines
+            found.setdefault(m.group(1), no)
+    return found
 
 
 def _entry(vid: str, entry: object) -> Iterator[tuple[str, RawItem | Rejected]]:

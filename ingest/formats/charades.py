@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ingest.items import Parsed, RawItem, Rejected
+from ingest.items import Parsed, RawItem, Rejected, lines
 from ingest.reasons import UNPARSABLE
 
 
@@ -22,6 +22,6 @@ def parse_line(line: str, line_no: int) -> RawItem | Rejected:
 
 
 def parse(text: str, name: str = "") -> Iterator[Parsed]:
-    for no, line in enumerate(text.splitlines(), 1):
+    for no, line in enumerate(lines(text), 1):
         if line.strip():
             yield no, line, parse_line(line, no)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, load_object
+from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, lines, load_object
 from ingest.reasons import UNPARSABLE
 
 REQUIRED = ("video_id", "query", "windows")
@@ -30,6 +30,6 @@ def parse_line(line: str, line_no: int, stem: str) -> RawItem | Rejected:
 
 def parse(text: str, name: str = "") -> Iterator[Parsed]:
     stem = Path(name).stem or "native"
-    for no, line in enumerate(text.splitlines(), 1):
+    for no, line in enumerate(lines(text), 1):
         if line.strip():
             yield no, line, parse_line(line, no, stem)

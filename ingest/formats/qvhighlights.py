@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, load_object
+from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, lines, load_object
 from ingest.reasons import UNPARSABLE
 
 KEYS = ("qid", "query", "vid", "duration", "relevant_windows")
@@ -28,6 +28,6 @@ def parse_line(line: str) -> RawItem | Rejected:
 
 
 def parse(text: str, name: str = "") -> Iterator[Parsed]:
-    for no, line in enumerate(text.splitlines(), 1):
+    for no, line in enumerate(lines(text), 1):
         if line.strip():
             yield no, line, parse_line(line)
