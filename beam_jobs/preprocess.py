@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -33,7 +34,7 @@ from vtg import stages
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.config import PipelineConfig
 from vtg.config._base import output_view, view_hash
-from vtg.errors import VTGError
+from vtg.errors import FULL_B, VTGError, out_of_space
 from vtg.shards import MANIFEST, SPLITS
 
 log = logging.getLogger("beam_jobs.preprocess")
@@ -66,6 +67,18 @@ def _clear_outputs(out_dir: str) -> None:
             FileSystems.delete(paths)
 
 
+def check_room(out_dir: str) -> None:
+    """Refuse to start on a disk that is already full (`vtg.errors.FULL_B` free or less), in one line, before
+    the workers start (a worker's full disk is logged by Beam itself before the run fails)."""
+    folder = Path(out_dir)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free <= FULL_B:
+        raise VTGError(f"preprocess: {free // 1024} KiB free on the disk of {out_dir}: free space (`df -h {folder}`) "
+                       "and rerun")
+
+
 def lineage(cfg: PipelineConfig) -> dict:
     cv, ph = code_version(), params_hash(cfg)
     return {"code_version": cv, "params_hash": ph, "preprocess_version": f"{cv}+{ph}",
@@ -78,14 +91,21 @@ def run(cfg: PipelineConfig, beam_argv: list[str] | None = None, test_pipeline: 
     pp = cfg.preprocess
     if not FileSystems.exists(pp.records):
         raise VTGError(f"{pp.records}: records file not found (run `python -m ingest` first)")
+    local = "://" not in pp.out_dir
+    if local:
+        check_room(pp.out_dir)
     _clear_outputs(pp.out_dir)
     lin = lineage(cfg)
-    local = "://" not in pp.out_dir
     progress_dir = tempfile.mkdtemp(prefix="vtg-progress-") if (pp.progress and show and local) else None
     try:
         p = test_pipeline or beam.Pipeline(options=pipeline_options(cfg, beam_argv or []))
         pipeline.build(p, pp, lin, progress_dir)
         _run_with_progress(p, progress_dir, pp.records)
+    except Exception as e:
+        if local and out_of_space(e, pp.out_dir):
+            raise VTGError(f"preprocess: the disk of {pp.out_dir} filled up while writing shards (no partial shard "
+                           f"is left; the records are untouched): free space (`df -h {pp.out_dir}`) and rerun") from None
+        raise
     finally:
         if progress_dir:
             shutil.rmtree(progress_dir, ignore_errors=True)

@@ -31,6 +31,8 @@ def no_space(e: BaseException) -> bool:
     return any(t in str(e) for t in NO_SPACE_TEXT)
 
 
+FULL_B = 2**20
+"""This little free space or less: the disk is full, a stage refuses to start writing."""
 LOW_SPACE_B = 64 * 2**20
 """Less free space than this where a write failed: the failure was the full disk, whatever the library said
 (torch.save's short write reads "[enforce fail at inline_container.cc] unexpected pos ...")."""

@@ -148,15 +148,19 @@ def write_shard(path: str | Path, samples: Iterable[tuple[SampleMeta, Sequence[b
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     n = size = 0
-    with open(tmp, "wb") as f:
-        for meta, jpegs in samples:
-            for name, data in sample_members(meta, jpegs):
-                pad = -len(data) % tarfile.BLOCKSIZE
-                f.write(_header(name, len(data)) + data + b"\0" * pad)
-                size += tarfile.BLOCKSIZE + len(data) + pad
-            n += 1
-        size += 2 * tarfile.BLOCKSIZE  # end-of-archive blocks, then zeros up to a whole record, as tarfile does
-        f.write(b"\0" * (2 * tarfile.BLOCKSIZE + -size % tarfile.RECORDSIZE))
+    try:
+        with open(tmp, "wb") as f:
+            for meta, jpegs in samples:
+                for name, data in sample_members(meta, jpegs):
+                    pad = -len(data) % tarfile.BLOCKSIZE
+                    f.write(_header(name, len(data)) + data + b"\0" * pad)
+                    size += tarfile.BLOCKSIZE + len(data) + pad
+                n += 1
+            size += 2 * tarfile.BLOCKSIZE  # end-of-archive blocks, then zeros up to a whole record, as tarfile does
+            f.write(b"\0" * (2 * tarfile.BLOCKSIZE + -size % tarfile.RECORDSIZE))
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves no partial shard filling the disk
+        raise
     tmp.replace(path)
     return n
 

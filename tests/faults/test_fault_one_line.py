@@ -114,3 +114,33 @@ def test_a_reader_that_closes_the_pipe_ends_the_cli_quietly(tmp_path: Path):
         proc.stdout.close()  # `| head -0`: the reader is gone before the first line
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 141 and "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+
+
+def _records(tmp_path: Path, n_videos: int) -> Path:
+    params = str(REPO / "params.yaml")
+    for cmd in (["corpus", f"corpus.n_videos={n_videos}", f"corpus.out_dir={tmp_path / 'raw'}"],
+                ["ingest", f"ingest.annotations=[{tmp_path / 'raw/annotations'}]",
+                 f"ingest.video_root={tmp_path / 'raw/videos'}", f"ingest.out={tmp_path / 'r.jsonl'}",
+                 f"ingest.dead_letter={tmp_path / 'd.jsonl'}", f"ingest.summary={tmp_path / 's.json'}"]):
+        subprocess.run([PY, "-m", cmd[0], "--params", params, *cmd[1:]], cwd=tmp_path, env=ENV, check=True,
+                       capture_output=True, timeout=300)
+    return tmp_path / "r.jsonl"
+
+
+@pytest.mark.slow  # a 12-video corpus and one preprocess run that fills a 1.1 MiB disk: ~40 s
+def test_preprocess_on_a_full_disk_is_one_line_and_leaves_no_partial_shard(tmp_path: Path):
+    records = _records(tmp_path, 12)
+    with small_disk(tmp_path / "disk", "1100k") as disk:
+        cmd = [PY, "-m", "beam_jobs.preprocess", "--params", str(REPO / "params.yaml"), f"preprocess.records={records}",
+               f"preprocess.out_dir={disk / 'shards'}", "preprocess.progress=false", "preprocess.frame_size=448"]
+        r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+        assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: preprocess: the disk of"), \
+            r.stderr[-3000:]
+        assert not list(disk.rglob("*.tmp"))  # no partial shard left filling the disk
+        # (Beam's workers log their own tracebacks of the failed write above that line: they run in other
+        # processes; the run's own error is the one line.)
+
+        fill(disk)  # already full: refused before Beam starts, one line and nothing else
+        r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+        line = _one_line_error(r)
+        assert "KiB free on the disk of" in line and "df -h" in line, line
