@@ -42,11 +42,16 @@ run: setup
 serve: setup
 	$(PY) -m flows.serve $(ARGS)
 
+# Two pytest workers (pytest-xdist): a file's tests share one worker, long groups are ordered in tests/conftest.py
+# (docs/testing.md). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(ARGS)
 
 # Every benchmark in benchmarks/ (each prints ratios against baselines measured in the same run; long: the
 # preprocess one alone took ~20 min here, building and measuring 112- and 448-px corpora).

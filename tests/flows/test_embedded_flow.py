@@ -96,13 +96,12 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     assert f"-> SFT checkpoint {rl_chain['parent_checkpoint']}  step 8" in text and chain["source_digest"] in text
 
     # A code dependency dvc.yaml lists (the answer format) changed: the flow reruns exactly the stages that
-    # depend on it, as `dvc repro` would; a second run then skips everything.
+    # depend on it, as `dvc repro` would (`Cached` for the first three). (That a flow run on a finished project
+    # skips every stage is the front-door test's, on the real stages.)
     with (project / "vtg" / "answer.py").open("a") as f:
         f.write("\n# answer format v2\n")
     before = len(stage_calls(project))
     third = run([PY, "-m", "flows", *overrides], project, env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert stage_calls(project)[before:] == ["train", "rl", "evaluate-cli"]
-    fourth = run([PY, "-m", "flows", *overrides], project, env)
-    assert fourth.returncode == 0 and stage_calls(project)[before:] == ["train", "rl", "evaluate-cli"]
-    assert (fourth.stdout + fourth.stderr).count("Cached('up to date (dvc.lock)'") == 6
+    assert (third.stdout + third.stderr).count("Cached('up to date (dvc.lock)'") == 3

@@ -118,8 +118,9 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     best = json.loads((p / "reports" / "eval" / "best.json").read_text())
     assert best["checkpoint"].startswith("../../checkpoints/sft/")  # selection sees SFT only
     # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them), beside the root.
-    set_params(p, **{"train.lr": 0.001})
+    set_params(p, **{"train.lr": 0.001, "train.max_steps": 2})  # 2 steps are enough to see a fresh start
     fresh = dvc(p, "repro")
     assert ran(fresh) == ["train", "rl", "evaluate"] and "moved the checkpoints" in fresh
     [aside] = p.glob("checkpoints/sft-superseded-*")
     assert sorted(x.name for x in aside.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
+    assert sorted(x.name for x in sft.glob("step-*")) == ["step-000002"]  # the new trajectory

@@ -7,9 +7,9 @@ head layout, 1 text layer, 1 vision block, vocabulary cut to 1024), fp32 instead
 of the recipe's GPUs, a few small frames instead of 32 at 336 px (the real sequence length is the pre-flight's
 job), 2 optimizer steps with a checkpoint after each, paths in tmp, tracking off, in-process data loading.
 
-Each recipe then goes through a run's whole life at world size 2 (torchrun): a run stopped by `--stop-after 1`
-(checkpoint, exit), (7B only: a resumed run killed with SIGKILL (launcher and ranks) in the middle of step 2,) a
-resume from step 1 that finishes step 2 and exports; then the export is reloaded with plain transformers
+Each recipe then goes through a run's whole life at world size 2 (torchrun): a run that checkpoints step 1 and
+then stops (3B: `--stop-after 1`, checkpoint and exit; 7B: killed with SIGKILL, launcher and ranks, in the middle
+of step 2), a resume from step 1 that finishes step 2 and exports; then the export is reloaded with plain transformers
 (`AutoModelForImageTextToText.from_pretrained`, plus `peft.PeftModel.from_pretrained` for LoRA) and answers
 queries through the evaluator (`evaluation.api.evaluate_checkpoint`). The 7B recipe also runs its multi-node shape: two node ranks started
 by `python -m infra.multinode launch --node-rank i` from a rendered hostfile.
@@ -165,15 +165,15 @@ def _peak_rss(root: Path) -> float:
 
 
 def _lifecycle(root: Path, experiment: str, overrides: list[str], kill: bool = True) -> dict:
-    """`--stop-after 1` (checkpoint, exit) -> resume, SIGKILL mid-step 2 (with `kill`) -> resume again, step 2,
-    export."""
+    """A run that checkpoints step 1 and stops: SIGKILLed 4 s into step 2 (with `kill`), else `--stop-after 1`;
+    then a resume from step 1 that finishes step 2 and exports."""
     env, out, summary = _env(root), root / "ck", root / "summary.json"
-    _run(_torchrun(root, experiment, overrides, "--stop-after", "1"), env, root / "run1.log")
-    assert _latest_step(out) == 1 and not (out / ckpt.step_dir_name(2)).exists()
     if kill:
-        _run_and_kill_mid_step(_torchrun(root, experiment, overrides), env, root / "run2.log",
-                               after="resumed from step 1", delay_s=4.0)
-        assert _latest_step(out) == 1
+        _run_and_kill_mid_step(_torchrun(root, experiment, overrides), env, root / "run1.log",
+                               after=f"step 1: checkpoint {out / ckpt.step_dir_name(1)}", delay_s=4.0)
+    else:
+        _run(_torchrun(root, experiment, overrides, "--stop-after", "1"), env, root / "run1.log")
+    assert _latest_step(out) == 1 and not (out / ckpt.step_dir_name(2)).exists()
     log = _run(_torchrun(root, experiment, overrides, "--summary", str(summary)), env, root / "run3.log")
     assert f"resumed from {out / ckpt.step_dir_name(1)} (step 1" in log
     s = json.loads(summary.read_text())
@@ -254,7 +254,7 @@ def test_3b_lora_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
 
 @pytest.fixture(scope="module")
 def recipe_7b(recipe_shards, tmp_path_factory):
-    """The 7B recipe's stopped, killed and resumed torchrun run (`_lifecycle`), once per module: the 7B test checks
+    """The 7B recipe's killed and resumed torchrun run (`_lifecycle`), once per module: the 7B test checks
     its export and evaluation, the multi-node test compares its own uninterrupted run's losses with this run's, so
     either test run alone still makes its comparison. Yields (root, overrides, run); the ~10 GB of engine states
     are removed at the end of the module (or by the 7B test, once done with them)."""
@@ -307,8 +307,8 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_
     one-worker-per-node path; rendezvous over 127.0.0.1), real ZeRO-2 steps of the shape-true 7B model across
     both nodes, with gradient checkpointing on (the recipe has it off; the GPU path needs it exercised).
 
-    Both runs have the same data and seed, so its losses must equal, bit for bit, those of the stopped, killed and
-    resumed torchrun run (the module fixture `recipe_7b`, shared with the test above, so run alone this test runs
+    Both runs have the same data and seed, so its losses must equal, bit for bit, those of the killed and resumed
+    torchrun run (the module fixture `recipe_7b`, shared with the test above, so run alone this test runs
     it too): exact resume, the same gradients with checkpointing, and the same run from either launcher.
 
     Measured (2026-12-01, 2 cores shared with other work): 140-165 s for the test (optimizer steps 38-45 s
@@ -359,7 +359,7 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_
     assert all(torch.equal(trained[k], base[k]) for k in trained if "visual" in k)
     assert not torch.equal(trained["model.language_model.layers.0.self_attn.q_proj.weight"],
                            base["model.language_model.layers.0.self_attn.q_proj.weight"])
-    # same data and seed as the stopped, killed and resumed torchrun run (`recipe_7b`): gradient checkpointing, the
+    # same data and seed as the killed and resumed torchrun run (`recipe_7b`): gradient checkpointing, the
     # launcher and the kill/resume change nothing, bit for bit
     losses = [float(r.split(",")[1]) for r in (tmp_path / "summary_loss.csv").read_text().splitlines()[1:]]
     assert len(losses) == 2 and losses == recipe_7b[2]["losses"]
