@@ -57,7 +57,8 @@ def client(tracking: TrackingConfig):
 
     check_tracking_server(tracking.tracking_uri)
     mlflow.set_tracking_uri(tracking.tracking_uri)
-    return mlflow.MlflowClient(tracking.tracking_uri)
+    # the registry is this tracking store's, whatever URI a library or an earlier call set globally
+    return mlflow.MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
 
 
 def _experiment_id(c, name: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
-from vtg.net import free_port
+from vtg.net import OWN_PORT, free_port
 
 log = logging.getLogger(__name__)
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks for a hostfile by default (multi-node)
@@ -195,11 +195,12 @@ def launch_cmd(cfg: PipelineConfig, module: str, ranks: int, what: str, args: Se
     visible = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}
     port = str(free_port())
     if launcher == "python":
-        env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               OWN_PORT: "1"}  # picked here, not reserved: the trainer may replace it (training.dist)
         return module_cmd(module, args), {**env, **visible}
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                "--master_addr=127.0.0.1", f"--master_port={port}", "-m", module, *args], visible
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                "-m", module, *args], visible  # --standalone: torchrun binds a free port itself, no race
     deepspeed = Path(sys.executable).with_name("deepspeed")
     where = (f"--include=localhost:{','.join(gpus)}" if gpus and not Path(DEEPSPEED_HOSTFILE).is_file()
              else f"--num_gpus={ranks}")

@@ -27,7 +27,7 @@ def client(cfg: PipelineConfig):
 
     check_tracking_server(cfg.tracking.tracking_uri)
     mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
-    return MlflowClient(cfg.tracking.tracking_uri)
+    return MlflowClient(cfg.tracking.tracking_uri, registry_uri=cfg.tracking.tracking_uri)
 
 
 def experiment_id(cfg: PipelineConfig) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -12,7 +13,9 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from vtg.net import free_port
+from vtg.net import OWN_PORT, free_port
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +42,8 @@ def prepare_env() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "RANK" not in os.environ:
+        if not os.environ.get("MASTER_PORT"):
+            os.environ[OWN_PORT] = "1"  # ours to replace if another process takes it first (init_distributed)
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
@@ -63,13 +68,23 @@ def init_distributed(strategy: str = "deepspeed") -> DistInfo:
     if cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if cuda else "gloo"
-    if not torch_dist.is_initialized():
-        if strategy == "deepspeed":
-            import deepspeed
+    for attempt in range(5):
+        if torch_dist.is_initialized():
+            break
+        try:
+            if strategy == "deepspeed":
+                import deepspeed
 
-            deepspeed.init_distributed(dist_backend=backend, verbose=False)
-        else:
-            torch_dist.init_process_group(backend=backend)
+                deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            else:
+                torch_dist.init_process_group(backend=backend)
+        except Exception as e:  # only a port taken between free_port() and the bind is retried
+            alone = os.environ.get("WORLD_SIZE") == "1" and os.environ.get(OWN_PORT)
+            if "EADDRINUSE" not in str(e) or not alone or attempt == 4:
+                raise
+            log.info("MASTER_PORT %s was taken by another process before it was bound; trying another",
+                     os.environ["MASTER_PORT"])
+            os.environ["MASTER_PORT"] = str(free_port())
     return DistInfo(torch_dist.get_rank(), torch_dist.get_world_size(), local_rank, device, backend)
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import socket
 
 LOOPBACK = "127.0.0.1"
+OWN_PORT = "VTG_OWN_MASTER_PORT"
+"""Set when a single process's MASTER_PORT was picked by us (`free_port`: free when asked, not reserved), so that
+`training.dist.init_distributed` may pick another when some other process took it first."""
 
 
 def free_port(host: str = LOOPBACK) -> int:

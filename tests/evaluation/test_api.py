@@ -14,6 +14,7 @@ from measured_settings import EVALUATE_MEASURED
 
 from evaluation.__main__ import main
 from evaluation.api import evaluate_checkpoint
+from evaluation.store import load_result
 from vtg.checkpoints import BEST_POINTER, export_dir, resolve_checkpoint
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig
@@ -36,7 +37,7 @@ def env(tmp_path_factory, shards_dir):
         "tracking": {"tracking_uri": uri, "experiment": "eval-test", "registered_model": "vtg-test"},
     })
     mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(uri)
+    client = mlflow.MlflowClient(uri, registry_uri=uri)
     train_run = client.create_run(client.create_experiment("train-test")).info.run_id
     root = tmp / "checkpoints" / "sft"
     ckpts = [make_checkpoint(root, 0, shards_dir, 0, train_run), make_checkpoint(root, 30, shards_dir, 30, train_run)]
@@ -107,8 +108,9 @@ def test_second_call_reuses_the_stored_result(env):
     runs, versions = len(_eval_runs(client)), len(_versions(client))
     again = evaluate_checkpoint(env["root"] / "latest", "val", cfg)
     assert again.reused and again.result["checkpoint"] == str(env["ckpts"][1])
-    first = json.loads((again.entry_dir / "metrics.json").read_text())
-    assert again.result == first
+    stored = json.loads((again.entry_dir / "metrics.json").read_text())
+    assert stored["checkpoint"] == "../../../../checkpoints/sft/step-000030"  # relative to the entry: portable
+    assert again.result == load_result(again.entry_dir)  # read back absolute
     assert len(_eval_runs(client)) == runs and len(_versions(client)) == versions
     digest = json.loads(json.dumps(again.to_dict()))
     assert digest["reused"] and digest["model"] == again.metrics and "fit" not in digest["baselines"]["prior"]

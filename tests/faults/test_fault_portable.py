@@ -50,7 +50,8 @@ def _registered_checkpoint(project: Path) -> Path:
 
     from vtg.lineage import TAG_CHECKPOINT
 
-    c = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    c = MlflowClient(uri, registry_uri=uri)
     cfg = _cfg()
     return Path(c.get_model_version_by_alias(cfg.tracking.registered_model, cfg.evaluate.registry_alias)
                 .tags[TAG_CHECKPOINT])

@@ -177,7 +177,6 @@ def test_rl_world_size_2_zero3_torchrun(sft, tmp_path):
     from safetensors.torch import load_file
 
     from vtg import checkpoints
-    from vtg.net import free_port
 
     _, shards, sft_dir = sft
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
@@ -187,7 +186,7 @@ def test_rl_world_size_2_zero3_torchrun(sft, tmp_path):
             "tracking.enabled=false"]
 
     def run(root: Path, *extra):
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
                "-m", "training.rl", *args, f"rl.out_dir={root / 'rl'}", f"rl.report_dir={root / 'rep'}", *extra]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]

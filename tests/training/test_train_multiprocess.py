@@ -12,7 +12,6 @@ import torch
 from train_fixtures import REPO_ROOT
 
 from vtg.checkpoints import engine_dir, export_dir, read_checkpoint_meta, resolve_checkpoint
-from vtg.net import free_port
 
 
 def _losses(summary: Path) -> list[float]:
@@ -33,7 +32,7 @@ def test_world_size_2_torchrun(shards_dir, tmp_path):
               "train.data.shuffle_buffer=16", "tracking.enabled=false"]
 
     def run(out: Path, summary: Path, *extra: str, nan_call: str = "3") -> subprocess.CompletedProcess:
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
                str(REPO_ROOT / "tests" / "training" / "ws2_entry.py"), "--summary", str(summary),
                f"train.out_dir={out}", *common, *extra]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=dict(env, VTG_TEST_NAN_CALL=nan_call), capture_output=True,

@@ -99,7 +99,7 @@ def _env(root: Path, extra_path: Path | None = None) -> dict:
 def _torchrun(root: Path, experiment: str, overrides: list[str], *args: str) -> list[str]:
     entry = root / "recipe_entry.py"
     entry.write_text(ENTRY)
-    return [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+    return [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2",
             str(entry), *args, "-e", experiment, *overrides]
 
 
