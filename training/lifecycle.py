@@ -34,6 +34,7 @@ from vtg import eval_queue
 from vtg.config import PipelineConfig, output_roots_overlap
 from vtg.errors import VTGError, out_of_space
 from vtg.io import write_json_atomic
+from vtg.model.processing import save_processor_config
 
 log = logging.getLogger("training")
 
@@ -237,6 +238,7 @@ class RunLifecycle:
         if self.dist.is_main:
             engine.module.save_pretrained(ckpt.export_dir(tmp), state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(ckpt.export_dir(tmp))
+            save_processor_config(engine.module, ckpt.export_dir(tmp))  # the processor facts travel with it
         barrier()  # every rank's files are in place before rank 0 lists and digests them into meta.json
         final = None
         if self.dist.is_main:

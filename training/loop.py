@@ -109,7 +109,7 @@ class Trainer:
         self.callbacks = CallbackList(default_callbacks(self.cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
-        self.vision = VisionParams.from_model_config(self.model.config)
+        self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
         self.git_commit = lineage.git_commit()

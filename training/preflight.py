@@ -46,6 +46,8 @@ from training.plan import GB, Activations, Arch, Setup, activation_bytes, arch_f
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError
+from vtg.model import shape_true
+from vtg.model.modeling import resolve_base
 from vtg.model.processing import (
     VisionParams,
     encode_prompt,
@@ -266,14 +268,27 @@ def _model(base: str) -> tuple[Arch, str, object, str, str | None]:
     return arch, source, tokenizer, note, system
 
 
+def processor_facts(base: str, arch: Arch) -> VisionParams:
+    """The processor facts pre-flight resizes with: a local checkpoint's own (`tiny`, an export, a hub id in the
+    cache: its preprocessor_config.json); otherwise the architecture's patch geometry with Qwen2.5-VL's
+    published pixel bounds and mean/std (`VisionParams` defaults)."""
+    from vtg.model.processing import processor_config_path
+
+    if not shape_true.is_spec(base):
+        where = resolve_base(base) if base == "tiny" else base
+        if processor_config_path(where) is not None:
+            return VisionParams.from_checkpoint(where)
+    return VisionParams(patch_size=arch.patch_size, merge_size=arch.merge_size,
+                        temporal_patch_size=arch.temporal_patch_size)
+
+
 def preflight(cfg, query_tokens: int | None = None) -> Report:
     """Tokens and per-GPU memory of the experiment's longest example, and the verdict (see the module doc).
     `query_tokens`: the longest query, by default `ingest.max_query_tokens` (what ingest lets in)."""
     query_tokens = cfg.ingest.max_query_tokens if query_tokens is None else query_tokens
     t, p = cfg.train, cfg.preprocess
     arch, source, tokenizer, note, system = _model(t.model.base)
-    vision = VisionParams(patch_size=arch.patch_size, merge_size=arch.merge_size,
-                          temporal_patch_size=arch.temporal_patch_size)
+    vision = processor_facts(t.model.base, arch)
 
     def count(frames: int) -> TokenCount:
         return example_tokens(tokenizer, vision, frames=frames, frame_size=p.frame_size, window_s=p.max_window_s,

@@ -5,8 +5,9 @@ Layout under a checkpoint root (`train.out_dir`, default `checkpoints/sft/`; RL'
 
     checkpoints/sft/
       step-000200/
-        hf/            save_pretrained export + tokenizer: full weights (safetensors), or the adapter only for
-                       LoRA (`adapter_config.json` names the base). This is what evaluation/serving load, via
+        hf/            save_pretrained export + tokenizer + preprocessor_config.json (the base's processor facts,
+                       `vtg.model.processing.VisionParams.from_model`): full weights (safetensors), or the adapter
+                       only for LoRA (`adapter_config.json` names the base). This is what evaluation/serving load, via
                        `vtg.model.modeling.load_model_and_tokenizer(export_dir(<ckpt>))`.
         engine/        training state for exact resume: the DeepSpeed engine checkpoint (optimizer, scheduler,
                        step; tag `state`) or, for `strategy: fsdp`, a torch.distributed.checkpoint directory,

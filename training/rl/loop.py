@@ -105,7 +105,7 @@ class GRPOTrainer:
         self.resume_from, self.resumed_meta = self.run.resume_source(self.hash, self.data_version)
         self.model, self.tokenizer = load_model_and_tokenizer(ckpt.export_dir(self.parent), device=self.device,
                                                               dtype=self.dtype, trainable=True)
-        self.vision = VisionParams.from_model_config(self.model.config)
+        self.vision = VisionParams.from_model(self.model)  # the start checkpoint's processor facts
         self.masked_ids = vision_token_ids(self.model.config)
         self.state = RLState()
         examples = load_train_queries(cfg)

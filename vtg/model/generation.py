@@ -19,8 +19,8 @@ def pad_id(tokenizer) -> int:
 
 
 def vision_params(model) -> VisionParams:
-    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
-    return VisionParams.from_model_config(config)
+    """The processor facts of the checkpoint `model` was loaded from (`VisionParams.from_model`)."""
+    return VisionParams.from_model(model)
 
 
 def frames_of(ex: QueryExample, blank: bool) -> np.ndarray:

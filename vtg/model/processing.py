@@ -1,9 +1,14 @@
 """Turn (frames, timestamps, query, answer) into Qwen2.5-VL model inputs, without transformers' video processor.
 
 transformers' video processor needs torchvision, which cannot live beside the CPU torch here (docs/environment.md), so
-the patchify step is ours: resize to a multiple of patch x merge (PIL bicubic, as `Qwen2VLImageProcessor`
-does), rescale, normalise with the CLIP mean/std, and the same (t, h, w) -> (merged patch) reshape. It matches
-`Qwen2VLImageProcessor` exactly (tests/training/test_processing.py).
+the patchify step is ours: resize to a multiple of patch x merge within the pixel bounds (PIL bicubic, as
+`Qwen2VLImageProcessor` does), rescale, normalise with the mean/std, and the same (t, h, w) -> (merged patch)
+reshape. It matches `Qwen2VLImageProcessor` exactly (tests/training/test_processing.py).
+
+The processor facts (patch, merge and temporal patch sizes, pixel bounds, mean/std) are the checkpoint's own:
+`VisionParams.from_model` reads the `preprocessor_config.json` next to the weights the model was loaded from
+(a checkpoint without one is an error, never a silent default), and every export keeps a copy
+(`save_processor_config`), so training, RL, evaluation and serving all patchify the way the model was trained.
 
 Timing reaches the model through `second_per_grid_ts` = seconds spanned by one temporal patch, computed from the
 frame timestamps actually sampled (never a configured fps). `mm_token_type_ids` marks the video tokens (2) so
@@ -13,36 +18,134 @@ that transformers 5 builds 3-D rope positions (without it the model silently fal
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from vtg.answer import format_answer
+from vtg.errors import VTGError
 from vtg.model.tokens import query_ids
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 IGNORE_INDEX = -100
+PROCESSOR_CONFIG = "preprocessor_config.json"
+QWEN25VL_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+    "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD)}
+"""Qwen/Qwen2.5-VL-{3B,7B}-Instruct's `preprocessor_config.json` on the hub: what the tiny and shape-true builders
+write, so that their exports carry the processor facts a real checkpoint does."""
 
 
 @dataclass(frozen=True)
 class VisionParams:
-    """The vision tower's patch geometry (from `model.config.vision_config`)."""
+    """The processor facts: the vision tower's patch geometry, the pixel bounds of the resize, and the mean/std.
+    Defaults: Qwen2.5-VL's (`QWEN25VL_PROCESSOR`); a loaded model's come from its checkpoint (`from_model`)."""
 
     patch_size: int = 14
     merge_size: int = 2
     temporal_patch_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
+    min_pixels: int = 3136
+    max_pixels: int = 12845056
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
 
     @classmethod
     def from_model_config(cls, config) -> VisionParams:
+        """The patch geometry of a model config, the other facts at their defaults: for models built in memory
+        (tests, the GPU smoke test); a loaded checkpoint's facts come from `from_model`."""
         v = config.vision_config
         return cls(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
                    temporal_patch_size=v.temporal_patch_size)
+
+    @classmethod
+    def from_processor_config(cls, data: dict, where: str = "preprocessor_config.json") -> VisionParams:
+        """From a `preprocessor_config.json` (its keys: patch_size, merge_size, temporal_patch_size, image_mean,
+        image_std, and min_pixels/max_pixels or, as transformers 5 writes them, size.shortest_edge/longest_edge)."""
+        size = data.get("size") if isinstance(data.get("size"), dict) else {}
+        facts = {"patch_size": data.get("patch_size"), "merge_size": data.get("merge_size"),
+                 "temporal_patch_size": data.get("temporal_patch_size"),
+                 "min_pixels": data.get("min_pixels", size.get("shortest_edge")),
+                 "max_pixels": data.get("max_pixels", size.get("longest_edge")),
+                 "image_mean": data.get("image_mean"), "image_std": data.get("image_std")}
+        missing = [k for k, v in facts.items() if v is None]
+        if missing:
+            raise VTGError(f"{where}: no {', '.join(missing)}: the processor facts must come from the checkpoint "
+                           "(copy the base model's preprocessor_config.json next to the weights)")
+        try:
+            return cls(**{k: tuple(float(x) for x in v) if k.startswith("image_") else int(v)
+                          for k, v in facts.items()})
+        except (TypeError, ValueError):
+            raise VTGError(f"{where}: malformed processor facts {facts}") from None
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str | Path, config=None) -> VisionParams:
+        """The facts in `<model_dir>/preprocessor_config.json` (a hub id: its file in the local Hugging Face
+        cache), checked against `config`'s vision tower when given."""
+        found = processor_config_path(model_dir)
+        if found is None:
+            raise VTGError(f"{model_dir}: no {PROCESSOR_CONFIG}: the checkpoint's own processor facts (pixel bounds, "
+                           "mean/std, patch sizes) are needed to build its inputs; copy the base model's "
+                           f"{PROCESSOR_CONFIG} next to the weights (every export of this project writes one)")
+        try:
+            data = json.loads(found.read_text())
+        except (OSError, ValueError) as e:
+            raise VTGError(f"{found}: unreadable ({e})") from None
+        vp = cls.from_processor_config(data, str(found))
+        if config is not None:
+            v = config.vision_config
+            model = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
+            if (vp.patch_size, vp.merge_size, vp.temporal_patch_size) != model:
+                raise VTGError(f"{found}: patch/merge/temporal patch {vp.patch_size}/{vp.merge_size}/"
+                               f"{vp.temporal_patch_size}, but the model's vision tower has {'/'.join(map(str, model))}")
+        return vp
+
+    @classmethod
+    def from_model(cls, model) -> VisionParams:
+        """A loaded model's facts: the processor config beside the weights it was loaded from (for a LoRA
+        model, its base's)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = base.config
+        return cls.from_checkpoint(getattr(config, "_name_or_path", "") or "", config)
+
+    def to_processor_config(self) -> dict:
+        return {**QWEN25VL_PROCESSOR, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+
+def processor_config_path(model_dir: str | Path) -> Path | None:
+    """`<model_dir>/preprocessor_config.json`, or for a hub id its copy in the local Hugging Face cache."""
+    if not str(model_dir):
+        return None
+    local = Path(model_dir) / PROCESSOR_CONFIG
+    if local.is_file():
+        return local
+    if Path(model_dir).is_dir():
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(model_dir), PROCESSOR_CONFIG)
+    except Exception:  # noqa: BLE001 - not a repo id: nothing cached under it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def save_processor_config(model, export_dir: str | Path) -> None:
+    """Copy the model's processor facts into an export (`hf/`), so the export holds them like a hub checkpoint."""
+    from vtg.io import write_json_atomic
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    found = processor_config_path(getattr(base.config, "_name_or_path", "") or "")
+    data = json.loads(found.read_text()) if found else VisionParams.from_model(model).to_processor_config()
+    write_json_atomic(Path(export_dir) / PROCESSOR_CONFIG, data)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -62,12 +165,12 @@ def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 @functools.cache
-def _normalize_table() -> torch.Tensor:
+def _normalize_table(mean: tuple[float, ...] = CLIP_MEAN, std: tuple[float, ...] = CLIP_STD) -> torch.Tensor:
     """[3, 256] float32: the normalised value of every uint8 level per channel."""
     levels = (torch.arange(256, dtype=torch.float64) * (1 / 255)).to(torch.float32)
-    mean = torch.tensor(CLIP_MEAN, dtype=torch.float32).view(3, 1)
-    std = torch.tensor(CLIP_STD, dtype=torch.float32).view(3, 1)
-    return (levels.view(1, 256) - mean) / std
+    m = torch.tensor(mean, dtype=torch.float32).view(3, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(3, 1)
+    return (levels.view(1, 256) - m) / s
 
 
 def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +185,7 @@ def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tup
     pixels = torch.from_numpy(np.ascontiguousarray(_resize_frames(frames, h, w))).permute(0, 3, 1, 2).long()
     # One gather from a per-channel table of the 256 possible values, each computed with transformers' own
     # arithmetic (float64 rescale, cast to float32, then (x - mean) / std): bit-identical and ~10x faster.
-    x = _normalize_table().gather(1, pixels.transpose(0, 1).reshape(3, -1)).view(3, *pixels.shape[:1],
+    x = _normalize_table(vp.image_mean, vp.image_std).gather(1, pixels.transpose(0, 1).reshape(3, -1)).view(3, *pixels.shape[:1],
                                                                                  *pixels.shape[2:])
     x = x.transpose(0, 1)
     tp, p, m = vp.temporal_patch_size, vp.patch_size, vp.merge_size

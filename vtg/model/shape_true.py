@@ -58,7 +58,7 @@ from vtg.errors import ConfigError
 
 ARCHS_DIR = Path(__file__).parent / "archs"
 PREFIX = "shape-true:"
-SHAPE_TRUE_VERSION = "1"  # bump when the build changes: cached builds are keyed by it
+SHAPE_TRUE_VERSION = "2"  # bump when the build changes: cached builds are keyed by it (2: preprocessor_config.json)
 MARKER = "shape_true_build.json"
 
 # The real Qwen2/2.5-VL special tokens from <|endoftext|> to <|video_pad|>, in id order (151643 ... 151656).

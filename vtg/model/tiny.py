@@ -40,7 +40,7 @@ TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2
 TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
                    "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2,
                    "out_hidden_size": 64}
-TINY_VERSION = "1"  # bump when the recipe changes: cached builds are keyed by it
+TINY_VERSION = "2"  # bump when the recipe changes: cached builds are keyed by it (2: preprocessor_config.json)
 
 
 def _tokenizer_corpus() -> list[str]:
@@ -104,6 +104,10 @@ def save_random_init(config, tokenizer, out_dir: Path, seed: int) -> None:
         do_sample=False, max_new_tokens=16)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    from vtg.model.processing import PROCESSOR_CONFIG, VisionParams  # the real Qwen2.5-VL processor facts
+
+    facts = VisionParams.from_model_config(config).to_processor_config()
+    (Path(out_dir) / PROCESSOR_CONFIG).write_text(json.dumps(facts, indent=2) + "\n")
 
 
 def _build_into(out_dir: Path, seed: int) -> None:
