@@ -27,13 +27,17 @@ def frames_of(ex: QueryExample, blank: bool) -> np.ndarray:
     return np.zeros_like(ex.frames) if blank else ex.frames
 
 
+def encode_queries(tokenizer, examples: list[QueryExample], vision: VisionParams, blank: bool = False) -> list[dict]:
+    """The generation prompts evaluation scores (one per query)."""
+    return [encode_example(tokenizer, frames_of(ex, blank), ex.timestamps, ex.query, None, vision=vision,
+                           key=ex.key) for ex in examples]
+
+
 @torch.inference_mode()
 def greedy_answers(model, tokenizer, examples: list[QueryExample], device, max_new_tokens: int,
              blank: bool = False) -> list[str]:
     """Greedy answers for one batch (left padding, so every prompt ends where generation starts)."""
-    vp = vision_params(model)
-    encoded = [encode_example(tokenizer, frames_of(ex, blank), ex.timestamps, ex.query, None, vision=vp,
-                              key=ex.key) for ex in examples]
+    encoded = encode_queries(tokenizer, examples, vision_params(model), blank)
     batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="left"), device, model.dtype)
     batch.pop("labels", None)
     prompt_len = batch["input_ids"].shape[1]
