@@ -109,3 +109,23 @@ def test_checkpoint_evaluation_queue_names_are_spelled_only_in_the_queue_module(
              if p != REPO / "vtg" / "eval_queue.py"
              for line, value in _string_constants(tree) if any(name in value for name in QUEUE_NAMES)]
     assert found == [], "use vtg.eval_queue (queue_path, results_path) instead of:\n" + "\n".join(found)
+
+
+MODEL_CLASS = re.compile(r"(ForConditionalGeneration|VLConfig|_VL\w*Config|DecoderLayer|VisionBlock)$")
+
+
+def test_model_classes_are_named_only_by_the_family_module():
+    """Every model-specific class name (model, config, layer classes) lives in `vtg/model/families.py`: the rest
+    asks `family_of(config)`, so that adding a family is one module (issue 22)."""
+    home = REPO / "vtg" / "model" / "families.py"
+    bad = []
+    for path, tree in _modules(*PACKAGES):
+        if path == home:
+            continue
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else
+                     [node.attr] if isinstance(node, ast.Attribute) else
+                     [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else [])
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
+                    if MODEL_CLASS.search(n) and " " not in n]
+    assert bad == [], "name model classes through vtg.model.families:\n" + "\n".join(bad)

@@ -17,6 +17,7 @@ import torch
 from training.ds_config import build_ds_config
 from training.optim import build_optimizer, build_scheduler
 from vtg.errors import VTGError
+from vtg.model.families import family_of
 from vtg.model.modeling import half_dtype
 
 log = logging.getLogger(__name__)
@@ -220,11 +221,9 @@ def keep_schedule_from_config(scheduler, schedule: dict) -> None:
 
 
 def _shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    units = []
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith(("DecoderLayer", "VisionBlock")):
-            units.append(module)
-    return units
+    """The layers FSDP wraps one by one: the family's blocks (`vtg.model.families`)."""
+    blocks = family_of(model.config).blocks
+    return [module for _, module in model.named_modules() if type(module).__name__.endswith(blocks)]
 
 
 def build_engine(model: torch.nn.Module, tcfg: EngineSettings, world_size: int):

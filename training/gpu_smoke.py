@@ -24,14 +24,15 @@ SMALL_VISION = {"depth": 4, "hidden_size": 256, "intermediate_size": 688, "num_h
 
 
 def small_model(attn: str, dtype: torch.dtype, device: str):
-    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoTokenizer
 
+    from vtg.model.families import family_of
     from vtg.model.tiny import build_tiny_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(seed=0))
     config = tiny_config(tok, text=SMALL_TEXT, vision=SMALL_VISION)
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration._from_config(config, attn_implementation=attn, dtype=dtype)
+    model = family_of(config).model_cls()._from_config(config, attn_implementation=attn, dtype=dtype)
     return model.to(device).train(), tok
 
 

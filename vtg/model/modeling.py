@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from vtg.errors import VTGError
+from vtg.model.families import DEFAULT, family_of
 from vtg.model.tiny import build_tiny_model
 
 __all__ = [
@@ -147,7 +148,8 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return trainable, total
 
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS = list(DEFAULT.lora_text)
+"""The default family's LoRA targets in the language model (`vtg.model.families`; a model's own: its family's)."""
 
 
 def apply_finetune_mode(model, finetune: str, *, lora_r: int = 16, lora_alpha: int = 32,
@@ -159,7 +161,8 @@ def apply_finetune_mode(model, finetune: str, *, lora_r: int = 16, lora_alpha: i
 
         # Adapters on the language model, and on the vision blocks (qkv/proj) unless the tower is frozen, so
         # that an adapter-only export holds everything that trained.
-        targets = LORA_TARGETS if freeze_vision else LORA_TARGETS + ["qkv", "proj"]
+        family = family_of(model.config)
+        targets = list(family.lora_text) + ([] if freeze_vision else list(family.lora_vision))
         cfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=targets,
                          exclude_modules=r".*visual.*" if freeze_vision else None)
         model = get_peft_model(model, cfg)

@@ -28,6 +28,7 @@ import torch
 
 from vtg.answer import format_answer
 from vtg.errors import VTGError
+from vtg.model.families import DEFAULT, QWEN2_5_VL
 from vtg.model.tokens import query_ids
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -35,12 +36,9 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 IGNORE_INDEX = -100
 PROCESSOR_CONFIG = "preprocessor_config.json"
-QWEN25VL_PROCESSOR = {
-    "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
-    "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-    "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD)}
-"""Qwen/Qwen2.5-VL-{3B,7B}-Instruct's `preprocessor_config.json` on the hub: what the tiny and shape-true builders
-write, so that their exports carry the processor facts a real checkpoint does."""
+QWEN25VL_PROCESSOR = QWEN2_5_VL.processor
+"""Qwen/Qwen2.5-VL-{3B,7B}-Instruct's `preprocessor_config.json` on the hub (its home: `vtg.model.families`): what
+the tiny and shape-true builders write, so that their exports carry the processor facts a real checkpoint does."""
 
 
 @dataclass(frozen=True)
@@ -262,10 +260,11 @@ QUERY_SLOT = "\ue000"
 
 
 def vision_tokens(tokenizer) -> tuple[str, str, str]:
-    """(vision start, video pad, vision end) of the tokenizer, Qwen's names by default."""
-    return (getattr(tokenizer, "vision_start_token", None) or "<|vision_start|>",
-            getattr(tokenizer, "video_token", None) or "<|video_pad|>",
-            getattr(tokenizer, "vision_end_token", None) or "<|vision_end|>")
+    """(vision start, video pad, vision end) of the tokenizer, the default family's names when it names none."""
+    start, video, end = DEFAULT.vision_tokens
+    return (getattr(tokenizer, "vision_start_token", None) or start,
+            getattr(tokenizer, "video_token", None) or video,
+            getattr(tokenizer, "vision_end_token", None) or end)
 
 
 def encode_prompt(tokenizer, query: str, block: str, position: str = "after",

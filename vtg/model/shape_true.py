@@ -134,9 +134,9 @@ def _vision_config(facts: dict, blocks: int) -> dict:
 
 
 def _config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: dict[str, int]):
-    from transformers import Qwen2_5_VLConfig
+    from vtg.model.families import QWEN2_5_VL
 
-    return Qwen2_5_VLConfig(
+    return QWEN2_5_VL.config_cls()(
         text_config=_text_config(facts, text_layers, vocab, ids), vision_config=_vision_config(facts, vision_blocks),
         image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"],
         vision_start_token_id=ids["vision_start_token_id"], vision_end_token_id=ids["vision_end_token_id"],

@@ -79,12 +79,12 @@ def build_tokenizer(seed: int = 0):
 
 def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None):
     """The tiny recipe's config (or a bigger one: `text`/`vision` override the recipe's fields)."""
-    from transformers import Qwen2_5_VLConfig
+    from vtg.model.families import QWEN2_5_VL
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(TINY_TEXT, **(text or {}), vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
                 eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    return Qwen2_5_VLConfig(
+    return QWEN2_5_VL.config_cls()(
         text_config=text, vision_config=dict(TINY_VISION, **(vision or {})), image_token_id=ids[IMAGE_TOKEN],
         video_token_id=ids[VIDEO_TOKEN], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
@@ -95,10 +95,12 @@ def save_random_init(config, tokenizer, out_dir: Path, seed: int) -> None:
     """A seeded random-init Qwen2.5-VL of `config` with greedy generation defaults, saved with `tokenizer`
     (the tiny and the shape-true builders both end here)."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import GenerationConfig
+
+    from vtg.model.families import family_of
 
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    model = family_of(config).model_cls()(config)
     model.generation_config = GenerationConfig(
         eos_token_id=config.text_config.eos_token_id, pad_token_id=config.text_config.pad_token_id,
         do_sample=False, max_new_tokens=16)
