@@ -45,7 +45,7 @@ serve: setup
 # Two pytest workers (pytest-xdist): a file's tests share one worker, long groups are ordered in tests/conftest.py
 # (docs/testing.md). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup
 	$(PY) -m pytest -q $(XDIST) $(ARGS)

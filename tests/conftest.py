@@ -25,38 +25,52 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def flow_door_run(tmp_path_factory) -> tuple[Path, str]:
-    """`make run`'s door on the REAL stages at the tiny scale, once per session: a fresh git + DVC project (a user's
+    """`make run`'s door on the REAL stages at the tiny scale, once per test run: a fresh git + DVC project (a user's
     clone, `tests/flows/flowkit.real_project`) on which `python -m flows` ran to the end. Returns (project, log).
 
     Shared by the tests that only read what an uninterrupted flow leaves: the front-door test (dvc status clean,
     `dvc repro` runs nothing, the same outputs as the DVC door, lineage) and the kill -9 test of the flow (the
-    reference its killed-and-rerun flow must equal). Read it, never write into it."""
+    reference its killed-and-rerun flow must equal). Read it, never write into it. On two workers (pytest-xdist)
+    the first worker that needs it builds it in the run's shared temp folder, under a lock; the other reuses it."""
+    import fcntl
+    import json
+    import os
     import subprocess
     import sys
 
     sys.path.insert(0, str(REPO_ROOT / "tests" / "flows"))
     from flowkit import PY, project_env, real_project
 
-    project = real_project(tmp_path_factory.mktemp("flow_door") / "flow", fresh_prefect=True)  # a first run
-    r = subprocess.run([PY, "-m", "flows"], cwd=project, env=project_env(project, PYTHONPATH=""), capture_output=True,
-                       text=True, timeout=900, check=False)
-    log = r.stdout + r.stderr
-    assert r.returncode == 0, log[-5000:]
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # one folder per test run, above the workers' own
+    root, done = shared / "flow_door", shared / "flow_door.json"
+    with open(shared / "flow_door.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_file():
+            found = json.loads(done.read_text())
+            return Path(found["project"]), found["log"]
+        project = real_project(root / "flow", fresh_prefect=True)  # a first run
+        r = subprocess.run([PY, "-m", "flows"], cwd=project, env=project_env(project, PYTHONPATH=""),
+                           capture_output=True, text=True, timeout=900, check=False)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-5000:]
+        done.write_text(json.dumps({"project": str(project), "log": log}))
     return project, log
 
 
-# ---- running the suite on two workers (`make test` runs `pytest -n 2 --dist loadgroup`, docs/testing.md) -------
+# ---- running the suite on two workers (`make test` runs `pytest -n 2 --dist loadfile`, docs/testing.md) --------
 
 FIRST = (
-    "tests/training/test_train_recipes.py",  # shape-true 3B/7B recipes: the longest group, and the memory peak
+    "tests/training/test_train_recipes.py",  # shape-true 3B/7B recipes: the longest file, and the memory peak
     "tests/training/test_train_gpu_defaults.py",  # DeepSpeedCPUAdam's first JIT build (one core) beside them
 )
-"""Started first: the recipes run beside the short one-core tests, not beside another two-rank group (the 7B
+"""Started first: the recipes run beside the short one-core tests, not beside another two-rank file (the 7B
 ranks slowed 2.5-4x when they met the flow tests)."""
-LAST = (  # longest first, so that no long group is left to run alone at the end
-    "flow_door_run",  # the shared `python -m flows` run + the front doors + the flow's kill -9 test
+LAST = (  # longest first, so that no long file is left to run alone at the end
+    "tests/flows/test_front_doors.py",  # with the shared `flow_door_run`
+    "tests/faults/test_kill9.py",  # reads `flow_door_run` too
     "tests/flows/test_embedded_flow.py",
-    "tests/faults/test_kill9.py",
     "tests/infra/test_infra_native_stack.py",
     "tests/training/test_rl_loop.py",
     "tests/flows/test_dvc_pipeline.py",
@@ -64,23 +78,18 @@ LAST = (  # longest first, so that no long group is left to run alone at the end
     "tests/training/test_train_multiprocess.py",
     "tests/flows/test_served.py",
 )
-"""After the short tests: the multi-process groups, from the longest."""
+"""After the short tests: the multi-process files, from the longest."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Every test in a group: the tests of one file run in one worker (module fixtures are built once), and the
-    tests that read the shared `flow_door_run` run in one worker (a session fixture is built once per worker).
-    Order: FIRST, then the short tests in collection order, then LAST."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "flow_door_run" if "flow_door_run" in item.fixturenames else item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group))
+    """The order files start in (`--dist loadfile` keeps a file's tests on one worker, so a module fixture is
+    built once, and with `--no-loadscope-reorder` hands files out in this order): FIRST, then the short files in
+    collection order, then LAST."""
 
     def rank(item) -> int:
-        group = item.get_closest_marker("xdist_group").args[0]
-        if group in FIRST:
-            return FIRST.index(group)
-        return len(FIRST) + 1 + LAST.index(group) if group in LAST else len(FIRST)
+        path = item.nodeid.split("::")[0]
+        if path in FIRST:
+            return FIRST.index(path)
+        return len(FIRST) + 1 + LAST.index(path) if path in LAST else len(FIRST)
 
     items.sort(key=rank)  # stable: collection order within a rank
