@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import socket
+from urllib.parse import urlparse
 
 LOOPBACK = "127.0.0.1"
 OWN_PORT = "VTG_OWN_MASTER_PORT"
@@ -17,20 +19,24 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
+def _reached(uri: str, timeout_s: float) -> bool:
+    """One TCP connect per server and process (a success is remembered; a failure raises and is not)."""
+    u = urlparse(uri)
+    socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
+    return True
+
+
 def check_tracking_server(uri: str, timeout_s: float = 5.0) -> None:
     """For an http(s) tracking URI, a TCP connect to the server first: MLflow's client retries an unreachable
     server with backoff for minutes before it fails; this says so in one line at once (`VTGError`). Local
     stores (`sqlite:`, file paths) need no server and pass."""
-    from urllib.parse import urlparse
-
     from vtg.errors import VTGError
 
-    u = urlparse(uri)
-    if u.scheme not in ("http", "https"):
+    if urlparse(uri).scheme not in ("http", "https"):
         return
-    port = u.port or (443 if u.scheme == "https" else 80)
     try:
-        socket.create_connection((u.hostname, port), timeout=timeout_s).close()
+        _reached(uri, timeout_s)
     except OSError as e:
         raise VTGError(f"the MLflow tracking server at {uri} is not reachable ({e.strerror or e}): start it "
                        "(`make serve`, docs/stages.md) or point tracking.tracking_uri at a running one; "

@@ -87,15 +87,11 @@ class VisionParams:
         """The facts in `<model_dir>/preprocessor_config.json` (a hub id: its file in the local Hugging Face
         cache), checked against `config`'s vision tower when given."""
         found = processor_config_path(model_dir)
-        if found is None:
+        vp = _facts_in(str(found), found.stat().st_mtime_ns) if found is not None else None
+        if vp is None:
             raise VTGError(f"{model_dir}: no {PROCESSOR_CONFIG}: the checkpoint's own processor facts (pixel bounds, "
                            "mean/std, patch sizes) are needed to build its inputs; copy the base model's "
                            f"{PROCESSOR_CONFIG} next to the weights (every export of this project writes one)")
-        try:
-            data = json.loads(found.read_text())
-        except (OSError, ValueError) as e:
-            raise VTGError(f"{found}: unreadable ({e})") from None
-        vp = cls.from_processor_config(data, str(found))
         if config is not None:
             v = config.vision_config
             model = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
@@ -116,6 +112,16 @@ class VisionParams:
         return {**QWEN25VL_PROCESSOR, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
                 "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
                 "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+
+@functools.lru_cache(maxsize=32)
+def _facts_in(path: str, mtime_ns: int) -> VisionParams:
+    """A processor config file's facts, read once per file version (evaluation asks for them every batch)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise VTGError(f"{path}: unreadable ({e})") from None
+    return VisionParams.from_processor_config(data, path)
 
 
 def processor_config_path(model_dir: str | Path) -> Path | None:
