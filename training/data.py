@@ -29,7 +29,7 @@ import torch
 import webdataset as wds
 
 from vtg.errors import VTGError
-from vtg.model.processing import VisionParams, answer_text, collate, encode_example, smart_resize
+from vtg.model.processing import VisionParams, answer_text, collate, encode_example, frame_size_for
 from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key, read_manifest
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class Expander:
                                 f"{s.get('__url__', '')}:{key}")
                 continue
             v = self.vision
-            rh, rw = smart_resize(h, w, v.patch_size * v.merge_size, v.min_pixels, v.max_pixels)
+            rh, rw = frame_size_for(meta.num_frames, h, w, v)
             n_video = (-(-meta.num_frames // v.temporal_patch_size) * (rh // v.patch_size) * (rw // v.patch_size)
                        // v.merge_size ** 2)
             for qi, q in enumerate(meta.queries):

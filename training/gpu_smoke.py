@@ -26,13 +26,13 @@ SMALL_VISION = {"depth": 4, "hidden_size": 256, "intermediate_size": 688, "num_h
 def small_model(attn: str, dtype: torch.dtype, device: str):
     from transformers import AutoTokenizer
 
-    from vtg.model.families import family_of
+    from vtg.model.families import model_cls_of
     from vtg.model.tiny import build_tiny_model, tiny_config
 
     tok = AutoTokenizer.from_pretrained(build_tiny_model(seed=0))
     config = tiny_config(tok, text=SMALL_TEXT, vision=SMALL_VISION)
     torch.manual_seed(0)
-    model = family_of(config).model_cls()._from_config(config, attn_implementation=attn, dtype=dtype)
+    model = model_cls_of(config)._from_config(config, attn_implementation=attn, dtype=dtype)
     return model.to(device).train(), tok
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -172,29 +173,43 @@ def model_size(base: str) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Arch:
-    """A Qwen2.5-VL architecture as its config's `text_config` / `vision_config` fields (no weights needed)."""
+    """A VLM architecture as its config's `text_config` / `vision_config` fields (no weights needed)."""
 
     text: dict
     vision: dict
     tie_word_embeddings: bool = False
+    model_type: str = "qwen2_5_vl"
+    """The config's `model_type` (`vtg.model.families`): Qwen2.5-VL is counted from its shapes, the others
+    from a meta-device instance of their config."""
 
     @classmethod
     def from_config_json(cls, config: dict) -> Arch:
         """A `config.json` (transformers 5 nests `text_config`; older exports keep the text fields on top)."""
         text = config.get("text_config") or config
         return cls(text, config["vision_config"],
-                   bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))))
+                   bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+                   config.get("model_type", "qwen2_5_vl"))
 
     @classmethod
     def from_facts(cls, facts: dict) -> Arch:
-        """The model folder's architecture facts (`vtg.model.shape_true.arch_facts`: text, vision fields)."""
+        """The model folder's architecture facts (`vtg.model.shape_true.arch_facts`): a published `config`, or
+        (the Qwen2.5-VL files) text and vision fields."""
+        if "config" in facts:
+            return cls.from_config_json(facts["config"])
         return cls(facts["text"], facts["vision"], bool(facts["text"].get("tie_word_embeddings", False)))
 
     @classmethod
     def from_hf_config(cls, config) -> Arch:
         return cls.from_config_json({"text_config": config.text_config.to_dict(),
                                      "vision_config": config.vision_config.to_dict(),
-                                     "tie_word_embeddings": config.tie_word_embeddings})
+                                     "tie_word_embeddings": config.tie_word_embeddings,
+                                     "model_type": config.model_type})
+
+    @property
+    def family(self):
+        from vtg.model.families import family_of
+
+        return family_of(self.model_type)
 
     def __getattr__(self, name: str):
         key = _ARCH_FIELDS.get(name)
@@ -205,7 +220,10 @@ class Arch:
 
     def param_count(self) -> tuple[float, float]:
         """(total parameters, largest single parameter) of `Qwen2_5_VLForConditionalGeneration`, counted from the
-        shapes (equals a meta-device instance and the published safetensors: tests/training/test_train_plan.py)."""
+        shapes (equals a meta-device instance and the published safetensors: tests/training/test_train_plan.py);
+        other families: counted on a meta-device instance."""
+        if self.model_type != "qwen2_5_vl":
+            return meta_param_count(self.model_type, self.text, self.vision, self.tie_word_embeddings)
         h, i, a, V = self.hidden, self.intermediate, self.heads, self.vocab
         kv = self.text["num_key_value_heads"] * (h // a)
         layer = h * h + h + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h  # q,k,v (+bias), o, gated MLP, 2 norms
@@ -220,6 +238,30 @@ class Arch:
         mm, out = w * self.merge_size ** 2, self.vision["out_hidden_size"]
         block = 2 * w + 3 * w * w + 3 * w + w * w + w + 2 * (w * iv + iv) + iv * w + w
         return float(3 * tp * p * p * w + self.vision_depth * block + w + mm * mm + mm + mm * out + out)
+
+
+@functools.cache
+def _meta_count(model_type: str, text: str, vision: str, tied: bool) -> tuple[float, float]:
+    import torch
+
+    from vtg.model.families import MODEL_CLASSES, family_of, model_cls_of
+
+    family = family_of(model_type)
+    import transformers
+
+    config_cls = getattr(transformers, MODEL_CLASSES[model_type][0]) if model_type in MODEL_CLASSES else \
+        family.config_cls()
+    config = config_cls(text_config=json.loads(text), vision_config=json.loads(vision), tie_word_embeddings=tied)
+    with torch.device("meta"):
+        model = model_cls_of(config)(config)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(p.numel() for p in model.parameters())
+    return float(total), float(largest)
+
+
+def meta_param_count(model_type: str, text: dict, vision: dict, tied: bool) -> tuple[float, float]:
+    """(total, largest single parameter) of a meta-device instance of the architecture (no memory, ~1 s)."""
+    return _meta_count(model_type, json.dumps(text, sort_keys=True), json.dumps(vision, sort_keys=True), tied)
 
 
 _ARCH_FIELDS = {

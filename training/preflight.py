@@ -8,8 +8,8 @@ Needs no weights and no shards, and training runs the same check before it loads
 
 **Tokens.** The longest example the experiment can produce: the most frames preprocess samples from one window
 (`preprocess.num_frames`, or `frame_fps` x `max_window_s`), at `preprocess.frame_size`, resized and patchified
-as training does (`vtg.model.processing.smart_resize` with the vision tower's patch x merge geometry from the
-model's config), with the chat scaffolding, the longest query ingest lets in (`ingest.max_query_tokens`, counted
+as training does (`vtg.model.processing.frame_size_for`: the family's pixel bounds, per frame or per clip, with
+the vision tower's patch x merge geometry from the model's config), with the chat scaffolding, the longest query ingest lets in (`ingest.max_query_tokens`, counted
 with the same tokenizer: `vtg.model.tokens`) and the longest plausible answer for a `max_window_s` window
 (`vtg.answer.format_answer`), assembled like `encode_example` (query position and timestamp mode from
 `train.data`). Checked against `train.data.max_seq_len`.
@@ -51,7 +51,7 @@ from vtg.model.modeling import resolve_base
 from vtg.model.processing import (
     VisionParams,
     encode_prompt,
-    smart_resize,
+    frame_size_for,
     timestamp_mode,
     video_block,
     vision_tokens,
@@ -110,8 +110,7 @@ def example_tokens(tokenizer, vision: VisionParams, *, frames: int, frame_size: 
     video block, tokenizer calls)."""
     import torch
 
-    factor = vision.patch_size * vision.merge_size
-    h, w = smart_resize(frame_size, frame_size, factor, vision.min_pixels, vision.max_pixels)
+    h, w = frame_size_for(frames, frame_size, frame_size, vision)
     grid = (-(-frames // vision.temporal_patch_size), h // vision.patch_size, w // vision.patch_size)
     ts = [(i + 0.5) * window_s / frames for i in range(frames)]
     block, _, _ = video_block(vision_tokens(tokenizer), torch.tensor([grid]), ts, vision,
@@ -270,16 +269,16 @@ def _model(base: str) -> tuple[Arch, str, object, str, str | None]:
 
 def processor_facts(base: str, arch: Arch) -> VisionParams:
     """The processor facts pre-flight resizes with: a local checkpoint's own (`tiny`, an export, a hub id in the
-    cache: its preprocessor_config.json); otherwise the architecture's patch geometry with Qwen2.5-VL's
-    published pixel bounds and mean/std (`VisionParams` defaults)."""
+    cache: its processor configs); otherwise the architecture's patch geometry with its family's published pixel
+    bounds and mean/std (`vtg.model.families`)."""
     from vtg.model.processing import processor_config_path
 
     if not shape_true.is_spec(base):
         where = resolve_base(base) if base == "tiny" else base
         if processor_config_path(where) is not None:
             return VisionParams.from_checkpoint(where)
-    return VisionParams(patch_size=arch.patch_size, merge_size=arch.merge_size,
-                        temporal_patch_size=arch.temporal_patch_size)
+    return VisionParams.for_family(arch.family, patch_size=arch.patch_size, merge_size=arch.merge_size,
+                                   temporal_patch_size=arch.temporal_patch_size)
 
 
 def preflight(cfg, query_tokens: int | None = None) -> Report:

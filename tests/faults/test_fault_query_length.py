@@ -53,7 +53,7 @@ def test_the_longest_query_ingest_lets_in_is_the_one_preflight_budgets(experimen
     limit = QueryLimit.for_base(cfg.train.model.base, cfg.ingest.max_query_tokens)
     tokenizer = counting_tokenizer(cfg.train.model.base)[0]
     n = cfg.ingest.max_query_tokens
-    fits = TEXT * 4
+    fits = TEXT * 40  # longer than the limit under any tokenizer (the real one is ~1 token per word)
     while len(query_ids(tokenizer, fits)) > n:
         fits = fits[:-1]
     limit.check(fits)  # at the limit: in

@@ -6,7 +6,9 @@ prompts, evaluation's prompts), from the same shard sample.
   `floor((t_g - t_0) x tokens_per_second)` (t_g: the first frame of the group): time relative to the first frame,
   at the family's resolution (Qwen2.5-VL: 2 ids per second). 1, 2 and 4 fps (4 fps is where transformers' old int
   cast put every temporal id at 0) and a window whose frames do not start at 0.
-- `text`: the prompt writes `t_g` (window-relative seconds, the answers' convention) before each group.
+- `text`: the prompt writes `<t_g seconds>` (t_g: the mean of the group's frame times, window-relative seconds, the
+  answers' convention) before each group, as Qwen3-VL's processor does (the other families:
+  tests/training/test_family_parity.py).
 
 Uneven (adaptive) frames under `rope` get one mean interval per video: approximate, a gap issue 22 keeps open."""
 
@@ -18,11 +20,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from train_fixtures import three_paths
 
-from vtg.model.generation import encode_queries, vision_params
+from vtg.model.generation import vision_params
 from vtg.model.processing import MM_VIDEO, TIMESTAMPS_KEY
-from vtg.queries import ReadStats, iter_examples
-from vtg.shards import QueryMeta, SampleMeta, encode_jpeg, list_shards, write_shard
+from vtg.shards import QueryMeta, SampleMeta, encode_jpeg, write_shard
 
 
 def _shard(root, fps: float, first: float, n: int = 8):
@@ -36,21 +38,6 @@ def _shard(root, fps: float, first: float, n: int = 8):
                                          annotation_id="a")], split="train", source="synthetic:x")
     write_shard(root / "train" / "shard-000000.tar", [(meta, jpegs)])
     return ts
-
-
-def _three_paths(model, tokenizer, shards) -> dict[str, dict]:
-    """The same sample's encoded inputs as training, RL and evaluation build them."""
-    from training.data import read_examples
-    from training.rl.rollout import encode_prompts
-
-    vp = vision_params(model)
-    urls = list_shards(shards, "train")
-    [train], errors = read_examples(urls, tokenizer, vp, 1, 4096)
-    assert errors == []
-    [ex] = list(iter_examples(urls, ReadStats(), 1))
-    [rl] = encode_prompts(tokenizer, [ex], 1, vp)
-    [ev] = encode_queries(tokenizer, [ex], vp)
-    return {"training": train, "rl": rl, "evaluation": ev}
 
 
 def _group_times(model, enc: dict) -> list[int]:
@@ -71,13 +58,13 @@ def test_rope_time_equals_the_shard_timestamps_in_every_path(tiny_model_dir, tmp
     from vtg.model.modeling import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
-    tokenizer.init_kwargs[TIMESTAMPS_KEY] = "rope"
+    tokenizer.init_kwargs[TIMESTAMPS_KEY] = "native"
     ts = _shard(tmp_path, fps, first)
     tps = model.config.vision_config.tokens_per_second
     tp = vision_params(model).temporal_patch_size
     want = [math.floor((ts[g * tp] - ts[0]) * tps + 1e-9) for g in range(len(ts) // tp)]
     assert len(set(want)) == len(want)  # distinct times: 4 fps does not collapse to 0
-    for path, enc in _three_paths(model, tokenizer, tmp_path).items():
+    for path, enc in three_paths(model, tokenizer, tmp_path).items():
         assert _group_times(model, enc) == want, path
 
 
@@ -89,7 +76,7 @@ def test_text_time_equals_the_shard_timestamps_in_every_path(tiny_model_dir, tmp
     tokenizer.init_kwargs[TIMESTAMPS_KEY] = "text"
     ts = _shard(tmp_path, fps, first)
     tp = vision_params(model).temporal_patch_size
-    want = [f"{ts[g * tp]:.1f}" for g in range(len(ts) // tp)]
-    for path, enc in _three_paths(model, tokenizer, tmp_path).items():
+    want = [f"{(ts[g * tp] + ts[g * tp + tp - 1]) / 2:.1f}" for g in range(len(ts) // tp)]
+    for path, enc in three_paths(model, tokenizer, tmp_path).items():
         text = tokenizer.decode(enc["input_ids"])
-        assert re.findall(r"(\d+\.\d)s<\|vision_start\|>", text) == want, path
+        assert re.findall(r"<(\d+\.\d) seconds><\|vision_start\|>", text) == want, path

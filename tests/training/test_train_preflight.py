@@ -66,7 +66,7 @@ def test_recipe_video_tokens_come_from_the_real_geometry():
         assert report.tokens.video_tokens == (336 // 14) ** 2 // 4 * 32 // 2 == 2304
         assert report.tokens.grid == (16, 24, 24)
         assert report.tokens.total > 2048  # the old max_seq_len default could not hold it
-        assert "vtg/model/archs" in report.arch_source and "upper bound" in report.tokenizer_note
+        assert "vtg/model/archs" in report.arch_source and "real tokenizer" in report.tokenizer_note
 
 
 def test_short_max_seq_len_fails_naming_the_key_and_a_value_that_fits(capsys):
@@ -138,7 +138,7 @@ def test_text_layer_formula_is_the_documented_korthikanti_form():
     assert activation_bytes(arch, s, b, checkpointing=True).text_b == layers * 2 * s * b * h
 
 
-@pytest.mark.parametrize("timestamps", ["rope", "text"])
+@pytest.mark.parametrize("timestamps", ["native", "text"])
 @pytest.mark.parametrize("position", ["before", "after"])
 def test_tiny_count_matches_encode_example_on_a_real_example(timestamps, position, tiny_model_dir):
     from transformers import AutoConfig, AutoTokenizer

@@ -61,7 +61,7 @@ def test_encode_example_labels_only_answer(tiny_tokenizer):
     answer = answer_text([(3.0, 7.5)])
     assert answer == format_answer(3.0, 7.5)
     ex = encode_example(tiny_tokenizer, frames, ts, "the red square appears", answer, key="v.0",
-                        timestamps_mode="rope")
+                        timestamps_mode="native")
     video_id = tiny_tokenizer.convert_tokens_to_ids("<|video_pad|>")
     n_video = int((ex["input_ids"] == video_id).sum())
     assert n_video == 4 * 4 * 4 // 4 == int((ex["mm_token_type_ids"] == MM_VIDEO).sum())
@@ -71,7 +71,7 @@ def test_encode_example_labels_only_answer(tiny_tokenizer):
     assert parse_answer(text) == (3.0, 7.5)
     assert ex["second_per_grid_ts"].item() == pytest.approx(3.0)  # 2 frames x 1.5 s actually sampled
     assert ex["pixel_values_videos"].shape == (64, 3 * 2 * 14 * 14)
-    prompt = encode_example(tiny_tokenizer, frames, ts, "the red square appears", None, timestamps_mode="rope")
+    prompt = encode_example(tiny_tokenizer, frames, ts, "the red square appears", None, timestamps_mode="native")
     assert (prompt["labels"] == IGNORE_INDEX).all()
     assert torch.equal(prompt["input_ids"], ex["input_ids"][: len(prompt["input_ids"])])
     with pytest.raises(ValueError, match="truncated"):
@@ -83,8 +83,8 @@ def test_text_timestamps_put_each_group_time_before_its_frames(tiny_tokenizer):
     ts = [0.4 + 1.5 * i for i in range(8)]
     ex = encode_example(tiny_tokenizer, frames, ts, "q", "1.0 - 2.0 seconds", timestamps_mode="text")
     text = tiny_tokenizer.decode(ex["input_ids"])
-    for t in (0.4, 3.4, 6.4, 9.4):  # the first frame of each temporal patch, as actually sampled
-        assert f"{t:.1f}s<|vision_start|>" + "<|video_pad|>" * 4 + "<|vision_end|>" in text
+    for t in (1.15, 4.15, 7.15, 10.15):  # the mean of each temporal patch's two frames, as actually sampled
+        assert f"<{t:.1f} seconds><|vision_start|>" + "<|video_pad|>" * 4 + "<|vision_end|>" in text
     assert ex["video_grid_thw"].tolist() == [[1, 4, 4]] * 4
     assert ex["second_per_grid_ts"].tolist() == pytest.approx([3.0] * 4)
     assert int((ex["mm_token_type_ids"] == MM_VIDEO).sum()) == 16
@@ -139,7 +139,7 @@ def test_model_forward_uses_video_positions(tiny_model_dir, tiny_tokenizer):
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     frames = np.random.default_rng(0).integers(0, 256, size=(8, 56, 56, 3), dtype=np.uint8)
-    ex = encode_example(tok, frames, [i * 0.5 for i in range(8)], "q", "1.0 - 2.0 seconds", timestamps_mode="rope")
+    ex = encode_example(tok, frames, [i * 0.5 for i in range(8)], "q", "1.0 - 2.0 seconds", timestamps_mode="native")
     batch = collate([ex], tok.pad_token_id)
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels", "mm_token_type_ids",
                                      "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")}

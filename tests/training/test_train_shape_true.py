@@ -102,20 +102,20 @@ def test_full_attention_blocks_follow_the_cut_depth():
 
 
 def test_real_vocabulary_keeps_the_real_token_ids():
-    """Uncut vocabulary: the local tokenizer is laid out like Qwen's, so the config keeps the published ids."""
+    """Uncut vocabulary: the tokenizer is the real one (Qwen's ranks rebuilt offline), so the config keeps the
+    published ids and a prompt has a real checkpoint's tokens."""
     config, tok = shape_true.shape_true_config(B7)
     facts = shape_true.arch_facts(B7)["token_ids"]
-    assert config.text_config.vocab_size == 152064 and len(tok) == shape_true.QWEN_LAYOUT_SIZE
+    assert config.text_config.vocab_size == 152064 and len(tok) == 151665
     assert (config.image_token_id, config.video_token_id, config.vision_start_token_id,
             config.vision_end_token_id) == (facts["image_token_id"], facts["video_token_id"],
                                             facts["vision_start_token_id"], facts["vision_end_token_id"])
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|video_pad|>"]) == [
         151643, 151644, 151645, 151656]
     assert (config.text_config.eos_token_id, config.text_config.pad_token_id) == (151645, 151643)
-    text = "When does the red square appear? 12.5 - 15.0 seconds"
-    ids = tok(text + tok.eos_token, add_special_tokens=False)["input_ids"]
-    assert max(ids[:-1]) < 400 and ids[-1] == 151645  # only BPE tokens (never a filler) and the real <|im_end|>
-    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok("Hello world!", add_special_tokens=False)["input_ids"] == [9707, 1879, 0]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")  # Qwen2.5-VL's own
 
 
 def test_spec_parsing_and_errors():

@@ -42,9 +42,10 @@ class DataConfig(Section):
     """Max padded tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size); 0: off."""
     max_seq_len: int = Field(2048, ge=16)
     """Longest example in tokens; a longer one would truncate its answer and is skipped (and fails sanity checks)."""
-    timestamps: Literal["text", "rope"] = "rope"
-    """How frame times reach the model: `text` puts each frame group's time before it (`7.2s`); `rope` only
-    through Qwen's temporal positions (`second_per_grid_ts`). Recorded in the export's tokenizer config."""
+    timestamps: Literal["native", "text"] = "native"
+    """How frame times reach the model: `native` is the family's own way (Qwen2.5-VL: its temporal rope positions
+    from `second_per_grid_ts`; Qwen3-VL/3.5: text); `text` writes each temporal patch's time before it
+    (`<7.2 seconds>`, as Qwen3-VL's processor does) for every family. Recorded in the export's tokenizer config."""
     query_position: Literal["before", "after"] = "before"
     """Where the query text goes in the user turn: `after` the video (Qwen's usual order) or `before` it, so the
     video tokens can attend to the query (causal attention; measured: +0.08-0.1 val R@1@0.5 on the tiny model).

@@ -73,14 +73,16 @@ def choose_attn_implementation(requested: str = "auto", device: str | torch.devi
 
 
 def resolve_base(base: str, seed: int = 0) -> str:
-    """`tiny` -> the cached tiny model directory; `shape-true:<hub id>[?text_layers=..&vision_blocks=..&vocab=..]`
+    """`tiny` (`tiny-qwen3_vl`, `tiny-qwen3_5`) -> the cached tiny model directory of that family; `shape-true:<hub id>[?text_layers=..&vision_blocks=..&vocab=..]`
     -> the cached shape-true model directory (vtg/model/shape_true.py); anything else (hub id or local path)
     unchanged."""
     from vtg.model import shape_true
+    from vtg.model.tiny import tiny_family
 
     if shape_true.is_spec(base):
         return str(shape_true.resolve_spec(base, seed=seed))
-    return str(build_tiny_model(seed=seed)) if base == "tiny" else base
+    family = tiny_family(base)
+    return str(build_tiny_model(seed=seed, family=family)) if family else base
 
 
 def _default_dtype(device: str | torch.device) -> torch.dtype:

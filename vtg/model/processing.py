@@ -1,4 +1,4 @@
-"""Turn (frames, timestamps, query, answer) into Qwen2.5-VL model inputs, without transformers' video processor.
+"""Turn (frames, timestamps, query, answer) into a Qwen VLM's inputs, without transformers' video processor.
 
 transformers' video processor needs torchvision, which cannot live beside the CPU torch here (docs/environment.md), so
 the patchify step is ours: resize to a multiple of patch x merge within the pixel bounds (PIL bicubic, as
@@ -13,10 +13,17 @@ The processor facts (patch, merge and temporal patch sizes, pixel bounds, mean/s
 Timing reaches the model through `second_per_grid_ts` = seconds spanned by one temporal patch, computed from the
 frame timestamps actually sampled (never a configured fps). `mm_token_type_ids` marks the video tokens (2) so
 that transformers 5 builds 3-D rope positions (without it the model silently falls back to 1-D positions).
+
+The family (`vtg.model.families`) decides the rest: Qwen2.5-VL's pixel bounds hold per frame and its time is
+the rope (`second_per_grid_ts`); Qwen3-VL's and Qwen3.5's bounds hold for the whole clip (their
+`video_preprocessor_config.json`) and their time is text, `<t.t seconds>` before each temporal patch, t the mean
+of the patch's first and last frame time (`Qwen3VLProcessor._calculate_timestamps`). Parity with transformers'
+own functions: tests/training/test_family_parity.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -28,14 +35,17 @@ import torch
 
 from vtg.answer import format_answer
 from vtg.errors import VTGError
-from vtg.model.families import DEFAULT, QWEN2_5_VL
+from vtg.model.families import CLIP_MEAN as _CLIP_MEAN
+from vtg.model.families import CLIP_STD as _CLIP_STD
+from vtg.model.families import DEFAULT, QWEN2_5_VL, Family, family_named, family_of
 from vtg.model.tokens import query_ids
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+CLIP_MEAN = tuple(_CLIP_MEAN)
+CLIP_STD = tuple(_CLIP_STD)
 MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 IGNORE_INDEX = -100
 PROCESSOR_CONFIG = "preprocessor_config.json"
+VIDEO_PROCESSOR_CONFIG = "video_preprocessor_config.json"
 QWEN25VL_PROCESSOR = QWEN2_5_VL.processor
 """Qwen/Qwen2.5-VL-{3B,7B}-Instruct's `preprocessor_config.json` on the hub (its home: `vtg.model.families`): what
 the tiny and shape-true builders write, so that their exports carry the processor facts a real checkpoint does."""
@@ -53,19 +63,38 @@ class VisionParams:
     max_pixels: int = 12845056
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
+    pixel_scope: str = "frame"
+    """What min/max pixels bound: one `frame` (Qwen2.5-VL's image processor) or the whole `video` (t x h x w,
+    Qwen3-VL's video processor)."""
+    family: str = DEFAULT.name
+    """The model family (`vtg.model.families`): how time reaches the model."""
+
+    @property
+    def model_family(self) -> Family:
+        return family_named(self.family)
+
+    @classmethod
+    def for_family(cls, family: Family, **geometry) -> VisionParams:
+        """The family's published facts (its video processor's where it has one), `geometry` overriding."""
+        published = family.video_processor or family.processor
+        vp = cls.from_processor_config(published, family.processor_source,
+                                       "video" if family.video_processor else "frame")
+        return dataclasses.replace(vp, family=family.name, **geometry)
 
     @classmethod
     def from_model_config(cls, config) -> VisionParams:
-        """The patch geometry of a model config, the other facts at their defaults: for models built in memory
-        (tests, the GPU smoke test); a loaded checkpoint's facts come from `from_model`."""
+        """The patch geometry of a model config, the other facts its family's published ones: for models built
+        in memory (tests, the GPU smoke test); a loaded checkpoint's facts come from `from_model`."""
         v = config.vision_config
-        return cls(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
-                   temporal_patch_size=v.temporal_patch_size)
+        return cls.for_family(family_of(config), patch_size=v.patch_size, merge_size=v.spatial_merge_size,
+                              temporal_patch_size=v.temporal_patch_size)
 
     @classmethod
-    def from_processor_config(cls, data: dict, where: str = "preprocessor_config.json") -> VisionParams:
+    def from_processor_config(cls, data: dict, where: str = "preprocessor_config.json",
+                              pixel_scope: str = "frame") -> VisionParams:
         """From a `preprocessor_config.json` (its keys: patch_size, merge_size, temporal_patch_size, image_mean,
-        image_std, and min_pixels/max_pixels or, as transformers 5 writes them, size.shortest_edge/longest_edge)."""
+        image_std, and min_pixels/max_pixels or, as transformers 5 writes them, size.shortest_edge/longest_edge)
+        or a `video_preprocessor_config.json` (`pixel_scope="video"`: the bounds hold for t x h x w)."""
         size = data.get("size") if isinstance(data.get("size"), dict) else {}
         facts = {"patch_size": data.get("patch_size"), "merge_size": data.get("merge_size"),
                  "temporal_patch_size": data.get("temporal_patch_size"),
@@ -78,16 +107,19 @@ class VisionParams:
                            "(copy the base model's preprocessor_config.json next to the weights)")
         try:
             return cls(**{k: tuple(float(x) for x in v) if k.startswith("image_") else int(v)
-                          for k, v in facts.items()})
+                          for k, v in facts.items()}, pixel_scope=pixel_scope)
         except (TypeError, ValueError):
             raise VTGError(f"{where}: malformed processor facts {facts}") from None
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, config=None) -> VisionParams:
-        """The facts in `<model_dir>/preprocessor_config.json` (a hub id: its file in the local Hugging Face
-        cache), checked against `config`'s vision tower when given."""
-        found = processor_config_path(model_dir)
-        vp = _facts_in(str(found), found.stat().st_mtime_ns) if found is not None else None
+        """The facts in `<model_dir>/video_preprocessor_config.json` where the checkpoint has one (Qwen3-VL,
+        Qwen3.5: bounds over the whole clip), else its `preprocessor_config.json` (a hub id: the files in the
+        local Hugging Face cache), checked against `config`'s vision tower when given."""
+        video = processor_config_path(model_dir, VIDEO_PROCESSOR_CONFIG)
+        found = video or processor_config_path(model_dir)
+        vp = (_facts_in(str(found), found.stat().st_mtime_ns, "video" if video else "frame")
+              if found is not None else None)
         if vp is None:
             raise VTGError(f"{model_dir}: no {PROCESSOR_CONFIG}: the checkpoint's own processor facts (pixel bounds, "
                            "mean/std, patch sizes) are needed to build its inputs; copy the base model's "
@@ -98,6 +130,11 @@ class VisionParams:
             if (vp.patch_size, vp.merge_size, vp.temporal_patch_size) != model:
                 raise VTGError(f"{found}: patch/merge/temporal patch {vp.patch_size}/{vp.merge_size}/"
                                f"{vp.temporal_patch_size}, but the model's vision tower has {'/'.join(map(str, model))}")
+            family = family_of(config)
+            if family.video_processor is not None and video is None:
+                raise VTGError(f"{model_dir}: no {VIDEO_PROCESSOR_CONFIG}: a {family.name} checkpoint's video pixel "
+                               f"bounds are in it; copy the base model's {VIDEO_PROCESSOR_CONFIG} next to the weights")
+            vp = dataclasses.replace(vp, family=family.name)
         return vp
 
     @classmethod
@@ -109,26 +146,40 @@ class VisionParams:
         return cls.from_checkpoint(getattr(config, "_name_or_path", "") or "", config)
 
     def to_processor_config(self) -> dict:
+        """Qwen2.5-VL's `preprocessor_config.json` layout with these facts (per-frame bounds)."""
         return {**QWEN25VL_PROCESSOR, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
                 "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
                 "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
 
 
+def published_processor_files(family: Family, geometry: VisionParams | None = None) -> dict[str, dict]:
+    """{file name: content} of the processor configs a checkpoint of `family` publishes (patch geometry from
+    `geometry` when given: a tiny model's own), what the builders write beside the weights."""
+    files = {PROCESSOR_CONFIG: dict(family.processor)}
+    if family.video_processor is not None:
+        files[VIDEO_PROCESSOR_CONFIG] = dict(family.video_processor)
+    if geometry is not None:
+        for data in files.values():
+            data.update(patch_size=geometry.patch_size, merge_size=geometry.merge_size,
+                        temporal_patch_size=geometry.temporal_patch_size)
+    return files
+
+
 @functools.lru_cache(maxsize=32)
-def _facts_in(path: str, mtime_ns: int) -> VisionParams:
+def _facts_in(path: str, mtime_ns: int, pixel_scope: str = "frame") -> VisionParams:
     """A processor config file's facts, read once per file version (evaluation asks for them every batch)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise VTGError(f"{path}: unreadable ({e})") from None
-    return VisionParams.from_processor_config(data, path)
+    return VisionParams.from_processor_config(data, path, pixel_scope)
 
 
-def processor_config_path(model_dir: str | Path) -> Path | None:
-    """`<model_dir>/preprocessor_config.json`, or for a hub id its copy in the local Hugging Face cache."""
+def processor_config_path(model_dir: str | Path, name: str = PROCESSOR_CONFIG) -> Path | None:
+    """`<model_dir>/<name>`, or for a hub id its copy in the local Hugging Face cache."""
     if not str(model_dir):
         return None
-    local = Path(model_dir) / PROCESSOR_CONFIG
+    local = Path(model_dir) / name
     if local.is_file():
         return local
     if Path(model_dir).is_dir():
@@ -136,20 +187,24 @@ def processor_config_path(model_dir: str | Path) -> Path | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(str(model_dir), PROCESSOR_CONFIG)
+        cached = try_to_load_from_cache(str(model_dir), name)
     except Exception:  # noqa: BLE001 - not a repo id: nothing cached under it
         return None
     return Path(cached) if isinstance(cached, str) else None
 
 
 def save_processor_config(model, export_dir: str | Path) -> None:
-    """Copy the model's processor facts into an export (`hf/`), so the export holds them like a hub checkpoint."""
+    """Copy the model's processor configs into an export (`hf/`), so the export holds them like a hub
+    checkpoint."""
     from vtg.io import write_json_atomic
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    found = processor_config_path(getattr(base.config, "_name_or_path", "") or "")
-    data = json.loads(found.read_text()) if found else VisionParams.from_model(model).to_processor_config()
-    write_json_atomic(Path(export_dir) / PROCESSOR_CONFIG, data)
+    source = getattr(base.config, "_name_or_path", "") or ""
+    for name in (PROCESSOR_CONFIG, VIDEO_PROCESSOR_CONFIG):
+        if (found := processor_config_path(source, name)) is not None:
+            write_json_atomic(Path(export_dir) / name, json.loads(found.read_text()))
+    if processor_config_path(source) is None:
+        write_json_atomic(Path(export_dir) / PROCESSOR_CONFIG, VisionParams.from_model(model).to_processor_config())
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -157,6 +212,18 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 
     return hf_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def frame_size_for(num_frames: int, height: int, width: int, vp: VisionParams) -> tuple[int, int]:
+    """The (height, width) every frame of a clip is resized to: per frame within the pixel bounds
+    (`pixel_scope="frame"`), or the clip's t x h x w within them (`"video"`, Qwen3-VL's video `smart_resize`)."""
+    factor = vp.patch_size * vp.merge_size
+    if vp.pixel_scope == "frame":
+        return smart_resize(height, width, factor, vp.min_pixels, vp.max_pixels)
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as video_smart_resize
+
+    return video_smart_resize(max(num_frames, vp.temporal_patch_size), height, width, vp.temporal_patch_size,
+                              factor, vp.min_pixels, vp.max_pixels)
 
 
 def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -184,8 +251,7 @@ def patchify_video(frames: np.ndarray, vp: VisionParams = VisionParams()) -> tup
     """
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
-    factor = vp.patch_size * vp.merge_size
-    h, w = smart_resize(frames.shape[1], frames.shape[2], factor, vp.min_pixels, vp.max_pixels)
+    h, w = frame_size_for(len(frames), frames.shape[1], frames.shape[2], vp)
     pixels = torch.from_numpy(np.ascontiguousarray(_resize_frames(frames, h, w))).permute(0, 3, 1, 2).long()
     # One gather from a per-channel table of the 256 possible values, each computed with transformers' own
     # arithmetic (float64 rescale, cast to float32, then (x - mean) / std): bit-identical and ~10x faster.
@@ -211,8 +277,10 @@ def seconds_per_grid(timestamps: Sequence[float], temporal_patch_size: int = 2) 
     return temporal_patch_size * interval
 
 
-TIMESTAMP_MODES = ("text", "rope")
-DEFAULT_TIMESTAMPS = "rope"
+TIMESTAMP_MODES = ("native", "text")
+DEFAULT_TIMESTAMPS = "native"
+LEGACY_TIMESTAMPS = {"rope": "native"}
+"""Exports written before issue 22 name Qwen2.5-VL's native timing `rope`."""
 TIMESTAMPS_KEY = "vtg_timestamps"  # saved in tokenizer_config.json, so an export says how it was trained
 
 
@@ -220,31 +288,52 @@ def _export_choice(tokenizer, key: str, requested: str | None, choices: tuple[st
                    what: str) -> str:
     """A prompt-format choice: the caller's, else the one the tokenizer was exported with, else `default`."""
     value = requested or getattr(tokenizer, "init_kwargs", {}).get(key) or default
+    value = LEGACY_TIMESTAMPS.get(value, value) if key == TIMESTAMPS_KEY else value
     if value not in choices:
         raise ValueError(f"{what} must be one of {choices}, got {value!r}")
     return value
 
 
 def timestamp_mode(tokenizer, requested: str | None = None) -> str:
+    """`native`: the family's own timing (Qwen2.5-VL: rope; Qwen3-VL/3.5: text); `text`: text for every family."""
     return _export_choice(tokenizer, TIMESTAMPS_KEY, requested, TIMESTAMP_MODES, DEFAULT_TIMESTAMPS, "timestamps")
+
+
+def patch_times(timestamps: Sequence[float], temporal_patch_size: int) -> list[float]:
+    """The time of each temporal patch: the mean of its first and last frame time, the last frame repeated to
+    fill the last patch (`Qwen3VLProcessor._calculate_timestamps` over `frames_indices / fps`)."""
+    if not timestamps:
+        raise ValueError("a video without frame timestamps has no time to give the model")
+    ts = [float(t) for t in timestamps]
+    ts += [ts[-1]] * (-len(ts) % temporal_patch_size)
+    return [(ts[i] + ts[i + temporal_patch_size - 1]) / 2 for i in range(0, len(ts), temporal_patch_size)]
+
+
+def time_text(t: float) -> str:
+    """How a time is written before a temporal patch: Qwen3-VL's `<{t:.1f} seconds>`."""
+    return f"<{t:.1f} seconds>"
 
 
 def video_block(tokens: tuple[str, str, str], grid: torch.Tensor, timestamps: Sequence[float],
                  vision: VisionParams, mode: str) -> tuple[str, torch.Tensor, int]:
-    """The text that replaces the template's single video placeholder, the per-video grids, and #groups.
+    """The text that replaces the template's single video placeholder, the grid rows, and #rope groups.
 
-    `rope`: one video, time only in the 3-D rope positions. `text`: one video per temporal patch, each preceded
-    by the time of its first frame as text (`7.2s`), so the model can copy times it reads next to the frames.
+    Rope timing (Qwen2.5-VL `native`): one video block, time only in the 3-D rope positions. Text timing
+    (Qwen3-VL/3.5 always, Qwen2.5-VL with `text`): each temporal patch preceded by its time (`time_text`), as
+    Qwen3-VL's processor writes it; Qwen3-VL keeps one grid row (its rope splits it per patch), Qwen2.5-VL gets
+    one row per patch (each block is a video of its own to its rope).
     """
     start, video_token, end = tokens
     gt, gh, gw = grid[0].tolist()
     per_group = gh * gw // vision.merge_size ** 2
-    if mode == "rope":
+    family = vision.model_family
+    if family.time_encoding == "mrope" and mode == "native":
         return f"{start}{video_token * (gt * per_group)}{end}", grid, 1
-    ts = list(timestamps) + [timestamps[-1]] * (gt * vision.temporal_patch_size - len(timestamps))
-    text = "".join(f"{ts[g * vision.temporal_patch_size]:.1f}s{start}{video_token * per_group}{end}"
-                   for g in range(gt))
-    return text, torch.tensor([[1, gh, gw]] * gt), gt
+    times = patch_times(timestamps, vision.temporal_patch_size)
+    text = "".join(f"{time_text(times[g])}{start}{video_token * per_group}{end}" for g in range(gt))
+    if family.time_encoding == "mrope":
+        return text, torch.tensor([[1, gh, gw]] * gt), gt
+    return text, grid, 1
 
 
 QUERY_POSITIONS = ("before", "after")
@@ -314,7 +403,8 @@ def encode_example(
     `answer` is the target text, which callers build with `vtg.answer.format_answer` (see `answer_text`).
     Labels are -100 everywhere except the answer tokens and the closing `<|im_end|>`. `max_length` truncation
     that would cut the answer raises ValueError (the sanity checks turn it into a clear error).
-    `timestamps_mode` (`text` or `rope`, see `video_block`) defaults to what the tokenizer was exported with.
+    `timestamps_mode` (`native` or `text`, see `video_block`) defaults to what the tokenizer was exported with.
+    Qwen2.5-VL gets `second_per_grid_ts` (its rope timing); text-timed families do not take it.
     """
     if len(timestamps) != len(frames):
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
@@ -341,16 +431,18 @@ def encode_example(
     if int((mm == MM_VIDEO).sum()) != n_video_tokens:
         raise ValueError(f"{key}: tokenizer split the video placeholder ({int((mm == MM_VIDEO).sum())} video "
                          f"tokens, expected {n_video_tokens})")
-    return {
+    out = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
         "labels": labels,
         "mm_token_type_ids": mm,
         "pixel_values_videos": pixels,
         "video_grid_thw": grid_rows,
-        "second_per_grid_ts": torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)] * groups),
         "key": key,
     }
+    if "second_per_grid_ts" in vision.model_family.model_inputs:
+        out["second_per_grid_ts"] = torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)] * groups)
+    return out
 
 
 def answer_text(windows: Sequence[Sequence[float]]) -> str:
@@ -375,7 +467,8 @@ def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right"
         batch[name] = torch.stack(rows)
     batch["pixel_values_videos"] = torch.cat([e["pixel_values_videos"] for e in examples])
     batch["video_grid_thw"] = torch.cat([e["video_grid_thw"] for e in examples])
-    batch["second_per_grid_ts"] = torch.cat([e["second_per_grid_ts"] for e in examples])
+    if all("second_per_grid_ts" in e for e in examples):
+        batch["second_per_grid_ts"] = torch.cat([e["second_per_grid_ts"] for e in examples])
     batch["keys"] = [e.get("key", "") for e in examples]
     return batch
 

