@@ -72,10 +72,11 @@ clean:
 	echo "moved the outputs aside to $$dest (delete it yourself once you are sure)"
 
 # The GPU check (training/gpu_check.py) on the lent GPU machine (Python 3.12, torch/transformers/peft there, no
-# network). Here: `make gpu-wheels` puts the pure-Python packages it lacks into .whl/ (git-ignored, ~25 MB).
+# network). Here: `make gpu-wheels` puts the pure-Python packages it lacks into .whl/ (git-ignored, ~28 MB;
+# dashscope only for its data file, the real Qwen BPE ranks).
 # There (the device command carries `.whl`): `make gpu-check` (< 8 min on one H200; never part of CI).
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-	hjson==3.1.0 webdataset==1.0.2 braceexpand==0.1.7 transformers==5.24.0
+	hjson==3.1.0 webdataset==1.0.2 braceexpand==0.1.7 transformers==5.24.0 dashscope==2.0.2
 gpu-wheels: setup
 	rm -rf .whl && mkdir -p .whl
 	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -2,7 +2,9 @@
 
 `uniform` spreads frames evenly in time (a fixed count, or a fixed rate when `fps` > 0). `adaptive` spends the
 same budget, a share `mix` uniformly and the rest in proportion to content change, so frames gather around cuts
-and motion. Both return candidate positions and the timestamps (relative to the window) actually used.
+and motion. Both return distinct candidate positions, in time order: a window with fewer candidates than the
+budget gets fewer frames, never a repeated one (shard contract 2: a repeated frame would carry the same time
+twice and tell the model a wrong frame rate).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def uniform_frames(cand_t: np.ndarray, start: float, end: float, num_frames: int
     n = max(1, round(length * fps)) if fps > 0 else num_frames
     targets = start + (np.arange(n) + 0.5) * length / n
     pool = window_candidates(cand_t, start, end)
-    return pool[_nearest(cand_t[pool], targets)]
+    return np.unique(pool[_nearest(cand_t[pool], targets)])
 
 
 def _spread(idx: np.ndarray, m: int) -> np.ndarray:
@@ -62,7 +64,7 @@ def adaptive_frames(cand_t: np.ndarray, cand_change: np.ndarray, start: float, e
     cdf /= cdf[-1]
     q = (np.arange(num_frames) + 0.5) / num_frames
     local = np.minimum(np.searchsorted(cdf, q), m - 1)
-    return pool[_spread(local, m)]
+    return np.unique(pool[_spread(local, m)])
 
 
 def candidate_change(change: np.ndarray, cand_idx: np.ndarray) -> np.ndarray:

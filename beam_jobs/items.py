@@ -46,6 +46,9 @@ class WindowItem:
     source: str
     video_path: str = ""
     """The source file (for dead letters; not stored in the sample)."""
+    source_fps: float | None = None
+    frame_indices: list[int] | None = None
+    """Source frame index of each frame (shard contract 2)."""
 
     @property
     def key(self) -> str:

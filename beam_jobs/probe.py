@@ -3,7 +3,8 @@
 The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we
 run PySceneDetect's ContentDetector algorithm on downscaled frames (hard cuts; `scenes.ContentCuts`), keep a
 tiny colour thumbnail per frame (content change, gradual transitions, perceptual hashes, brightness), keep
-frame_size candidates at `candidate_fps`, and score a subset of them (`quality_fps`) for blur. Per frame the
+candidates of about frame_size^2 pixels with the source's aspect ratio (`vtg.shards.stored_frame_size`) at
+`candidate_fps`, and score a subset of them (`quality_fps`) for blur. Per frame the
 loop does only a decode and a thumbnail resize (plus a resize per candidate); cut scores are computed for all
 thumbnails at once after the loop. Memory per video is bounded by duration x candidate_fps x frame_size^2.
 """
@@ -25,6 +26,7 @@ import numpy as np
 
 from beam_jobs.quality import edge_width
 from beam_jobs.scenes import ContentCuts
+from vtg.shards import stored_frame_size
 
 THUMB = 16  # side of the colour thumbnail kept for every decoded frame
 
@@ -95,7 +97,7 @@ class DecodedVideo:
     cand_idx: np.ndarray
     """Frame indices of the kept candidates."""
     cand_frames: list[np.ndarray] = field(repr=False)
-    """BGR frame_size x frame_size candidates (converted to RGB only when picked)."""
+    """BGR candidates of `stored_frame_size` (about frame_size^2 pixels, aspect kept; RGB only when picked)."""
     brightness: np.ndarray = field(repr=False)
     """Mean luma per candidate (of its thumbnail)."""
     highlight: np.ndarray = field(repr=False)
@@ -195,6 +197,7 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     step = max(1.0, fps / candidate_fps)
     qstep = max(step, fps / quality_fps)
     halvings = prescale_halvings(w, h, max(frame_size, blur_size))
+    cand_size = stored_frame_size(w, h, frame_size)  # the aspect ratio kept (shard contract 2)
     thumbs, cand_idx, cands, qual_idx, widths = [], [], [], [], []
     next_cand = next_qual = 0.0
     n = 0
@@ -212,12 +215,12 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
         n = i + 1
         if i >= next_cand - 1e-9:
             next_cand += step
-            cand = cv2.resize(src, (frame_size, frame_size), interpolation=cv2.INTER_AREA)
+            cand = cv2.resize(src, cand_size, interpolation=cv2.INTER_AREA)
             cands.append(cand)
             cand_idx.append(i)
             if i >= next_qual - 1e-9:
                 next_qual += qstep
-                scored = cand if blur_size == frame_size else \
+                scored = cand if cand_size == (blur_size, blur_size) else \
                     cv2.resize(src, (blur_size, blur_size), interpolation=cv2.INTER_AREA)
                 widths.append(edge_width(scored))
                 qual_idx.append(i)

@@ -19,7 +19,7 @@ from apache_beam.pvalue import TaggedOutput
 from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, QueryItem, StepError, WindowItem, pick
 from beam_jobs.partition import split_of
 from vtg.io import file_digest
-from vtg.shards import SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
+from vtg.shards import SHARD_CONTRACT, SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
@@ -111,7 +111,7 @@ class AssembleFn(beam.DoFn):
             window_start_s=w.start_s, window_end_s=w.end_s, frame_timestamps=w.timestamps, fps=w.fps,
             num_frames=len(w.jpegs), queries=queries, quality=w.quality, cluster_id=cluster, split=split,
             source=w.source, preprocess_version=self.version, frame_mode=self.cfg.frame_mode,
-            scene_cuts=w.scene_cuts)
+            scene_cuts=w.scene_cuts, contract=SHARD_CONTRACT, source_fps=w.source_fps, frame_indices=w.frame_indices)
 
 
 def _assign_shard(sample, keys: dict, per_shard: int):

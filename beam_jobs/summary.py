@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome
 from beam_jobs.text_bias import histogram_bins
-from vtg.shards import data_version_of
+from vtg.shards import SHARD_CONTRACT, data_version_of
 
 
 class ReconcileError(AssertionError):
@@ -100,6 +100,7 @@ def build_manifest(*, n_inputs: int, cells: dict[tuple, int], window_events: dic
     return {
         **lineage,
         "data_version": data_version_of(shards),
+        "shard_contract": SHARD_CONTRACT,
         "records": counts,
         "kept_per_split": dict(sorted(by[KEPT].items())),
         "dropped_per_reason": dict(sorted(by[FILTERED].items())),

@@ -98,7 +98,8 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             video_id=video_id, index=k, start_s=ws, end_s=we, timestamps=stamps,
             fps=round(len(pick) / (we - ws), 6), jpegs=jpegs, quality=scores,
             scene_cuts=[round(b - ws, 6) for b in bounds if ws < b < we], queries=queries[k], source=source,
-            video_path=records[0].video_path if records else ""))
+            video_path=records[0].video_path if records else "", source_fps=float(video.fps),
+            frame_indices=[int(i) for i in video.cand_idx[pick]]))
     return windows, dropped, window_drops
 
 

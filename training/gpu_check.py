@@ -1,17 +1,19 @@
-"""`python -m training.gpu_check` (`make gpu-check` on a GPU machine): the 3B rung's recipe on real shapes.
+"""`python -m training.gpu_check` (`make gpu-check` on a GPU machine): the 1-GPU rungs' recipes on real shapes.
 
-What it runs, on one GPU, in one command (budget: under 8 minutes on one H200):
+Each rung (`--rung`, default both: `qwen25vl_3b`, then `qwen3vl_2b`) runs, on one GPU, in one command (budget:
+under 8 minutes per rung on one H200):
 1. synthetic shards (contract-true WebDataset samples, no Beam: `vtg.shards.write_synthetic_shards`) at the
    recipe's frame size;
 2. the pre-flight of the resulting config (`training.preflight`): tokens and the planner's per-GPU memory;
-3. `python -m training` with the `qwen25vl_3b_lora_1gpu` experiment on a shape-true Qwen2.5-VL-3B
-   (`shape-true:Qwen/Qwen2.5-VL-3B-Instruct`, random init at the real widths; full depth by default) in bf16, sdpa
+3. `python -m training` with the rung's experiment (`qwen25vl_3b_lora_1gpu`, `qwen3vl_2b_lora_1gpu`) on its
+   shape-true model (`shape-true:Qwen/Qwen2.5-VL-3B-Instruct`, `shape-true:Qwen/Qwen3-VL-2B-Instruct`: random
+   init at the real widths, the real tokenizer; full depth by default) in bf16, sdpa
    or flash-attn when installed, gradient checkpointing, LoRA on the recipe's modules, ZeRO-2, the recipe's
    micro-batch and accumulation, `train.deterministic=true`, for `--steps` optimizer steps;
 4. a resume: the checkpoint at half the steps, copied alone into a fresh root, trained to the end again; the
    per-step losses after the resume point must be bit-equal to the first run's;
 5. one checkpoint evaluation (`python -m evaluation --checkpoint ... --split val`, greedy generation);
-then writes `<out>/gpu_check.json` and `<out>/gpu_check.md`: device, versions, attention, tokens/s, MFU, peak
+then writes `<out>/<rung>/gpu_check.json` and `<out>/<rung>/gpu_check.md`: device, versions, attention, tokens/s, MFU, peak
 memory against the planner's prediction, resume bit-exactness, the evaluation's numbers, seconds per part.
 
 Without a CUDA device it exits 0 with a message (CI never has one). `--cpu-dry-run` runs the same sequence on
@@ -39,14 +41,17 @@ from vtg.errors import VTGError
 from vtg.net import free_port
 from vtg.shards import write_synthetic_shards
 
-EXPERIMENT = "qwen25vl_3b_lora_1gpu"
-BASE = "shape-true:Qwen/Qwen2.5-VL-3B-Instruct"
+RUNGS = {
+    "qwen25vl_3b": ("qwen25vl_3b_lora_1gpu", "shape-true:Qwen/Qwen2.5-VL-3B-Instruct", 36, 32),
+    "qwen3vl_2b": ("qwen3vl_2b_lora_1gpu", "shape-true:Qwen/Qwen3-VL-2B-Instruct", 28, 24),
+}
+"""rung -> (experiment, shape-true base, real decoder layers, real vision blocks)."""
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _overrides(a: argparse.Namespace, work: Path, depth: str) -> list[str]:
     cpu = a.cpu_dry_run
-    ov = [f"train.model.base={BASE}?{depth}", f"train.shards_dir={work / 'shards'}", f"train.out_dir={work / 'ck'}",
+    ov = [f"train.model.base={a.base}?{depth}", f"train.shards_dir={work / 'shards'}", f"train.out_dir={work / 'ck'}",
           f"train.max_steps={a.steps}", f"train.save_every={a.steps // 2}", "train.keep_last=10",
           "train.model.gradient_checkpointing=true", "train.deterministic=true", "train.num_gpus=1",
           "train.progress=false", "train.log_every=5", "tracking.enabled=false",
@@ -82,9 +87,10 @@ def _attention(log: Path) -> str:
 
 
 def check(a: argparse.Namespace) -> dict:
+    """One rung's whole sequence (`a.rung`, `a.experiment`, `a.base` set by `main`)."""
     import torch
 
-    out = Path(a.out)
+    out = Path(a.out) / a.rung
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -102,7 +108,7 @@ def check(a: argparse.Namespace) -> dict:
     timings["shards_s"] = time.perf_counter() - t0
     ov = _overrides(a, work, depth)
     py = [sys.executable, "-m"]
-    params = ["--params", str(REPO / "params.yaml"), "-e", EXPERIMENT]
+    params = ["--params", str(REPO / "params.yaml"), "-e", a.experiment]
 
     pre_json = out / "preflight.json"
     timings["preflight_s"] = _run(py + ["training.preflight", *params, *ov, "--json", str(pre_json)],
@@ -139,7 +145,7 @@ def check(a: argparse.Namespace) -> dict:
     return {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "model": f"{BASE}?{depth}", "experiment": EXPERIMENT, "attention": _attention(out / "train.log"),
+        "model": f"{a.base}?{depth}", "experiment": a.experiment, "attention": _attention(out / "train.log"),
         "steps": a.steps, "frames": a.frames, "frame_size": a.frame_size,
         "tokens_per_s": summary.get("tokens_per_s"), "mfu": summary.get("mfu"),
         "tflops_per_device": summary.get("tflops_per_device"), "steps_per_s": summary.get("steps_per_s"),
@@ -180,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="reports/gpu_check", help="folder for the JSON, markdown and logs")
     p.add_argument("--steps", type=int, default=50, help="optimizer steps of the first run (default %(default)s)")
-    p.add_argument("--text-layers", type=int, default=36, help="decoder layers (36: the real 3B depth)")
-    p.add_argument("--vision-blocks", type=int, default=32, help="vision blocks (32: the real depth)")
+    p.add_argument("--rung", choices=[*RUNGS, "all"], default="all", help="which rung (default: %(default)s)")
+    p.add_argument("--text-layers", type=int, default=None, help="decoder layers (default: the rung's real depth)")
+    p.add_argument("--vision-blocks", type=int, default=None, help="vision blocks (default: the real depth)")
     p.add_argument("--vocab", type=int, default=None, help="cut the vocabulary to this size (default: real)")
     p.add_argument("--frames", type=int, default=16, help="frames per window (default %(default)s)")
     p.add_argument("--frame-size", type=int, default=336, help="frame side in px (default %(default)s)")
@@ -202,13 +209,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if a.steps < 2 or a.steps % 2:
         raise VTGError(f"--steps must be even and >= 2 (the resume check restarts from half), got {a.steps}")
-    report = check(a)
-    out = Path(a.out)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "gpu_check.md").write_text(markdown(report))
-    print(markdown(report))
-    if not report["resume"]["bit_exact"]:
-        raise VTGError(f"resume was not bit-exact: steps {report['resume']['mismatched_steps']} differ")
+    for rung in RUNGS if a.rung == "all" else [a.rung]:
+        experiment, base, layers, blocks = RUNGS[rung]
+        r = argparse.Namespace(**{**vars(a), "rung": rung, "experiment": experiment, "base": base,
+                                  "text_layers": a.text_layers or layers, "vision_blocks": a.vision_blocks or blocks})
+        report = check(r)
+        out = Path(a.out) / rung
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "gpu_check.md").write_text(markdown(report))
+        print(markdown(report))
+        if not report["resume"]["bit_exact"]:
+            raise VTGError(f"{rung}: resume was not bit-exact: steps {report['resume']['mismatched_steps']} differ")
     return 0
 
 

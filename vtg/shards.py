@@ -23,8 +23,13 @@ from vtg.io import file_digest
 SHARD_PATTERN = "shard-%06d.tar"
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
-"""Written by preprocess beside the split folders: counts, lineage, every shard with its samples and sha256, and
-`data_version`."""
+"""Written by preprocess beside the split folders: counts, lineage, every shard with its samples and sha256,
+`data_version` and `shard_contract`."""
+SHARD_CONTRACT = 2
+"""The sample contract's version, in every sample (`SampleMeta.contract`) and the manifest (`shard_contract`).
+1 (before issue 22): frames squashed to `frame_size` x `frame_size`, a short window's frames repeated to fill
+the budget, no source frame indices. 2: frames keep their aspect ratio (`stored_frame_size`), no frame is
+repeated, and every sample records the source fps and the source frame index of each frame."""
 
 
 class QueryMeta(BaseModel):
@@ -61,6 +66,13 @@ class SampleMeta(BaseModel):
     source: str = ""
     preprocess_version: str = ""
     """Code version + params hash of the preprocess run that wrote the sample."""
+    contract: int = 1
+    """`SHARD_CONTRACT` of the writer (samples without the field predate it: 1)."""
+    source_fps: float | None = None
+    """Frame rate of the source video (the decoder's)."""
+    frame_indices: list[int] | None = None
+    """Source frame index of each stored frame: `frame_timestamps[i]` = `frame_indices[i] / source_fps` -
+    `window_start_s` (to 4 decimals)."""
 
     @property
     def duration_s(self) -> float:
@@ -169,6 +181,7 @@ def list_shards(root: str | Path, split: str) -> list[str]:
     """Sorted shard paths of one split; a missing or empty split is a clear error."""
     from vtg.errors import VTGError
 
+    check_contract(root)
     d = Path(root) / split
     shards = sorted(str(p) for p in d.glob("shard-*.tar"))
     if not shards:
@@ -185,6 +198,31 @@ def data_version_of(shards: Iterable[dict]) -> str:
     for s in sorted(shards, key=lambda s: s["path"]):
         h.update(f"{s['path']}:{s['sha256']}\n".encode())
     return h.hexdigest()
+
+
+def stored_frame_size(width: int, height: int, frame_size: int) -> tuple[int, int]:
+    """(width, height) a frame is stored at: about `frame_size`^2 pixels, the source's aspect ratio kept, even
+    sides (a square source: exactly `frame_size` x `frame_size`). Each family's processor resizes it to its own
+    patch multiples and pixel bounds, as it would the decoded video."""
+    scale = frame_size / (width * height) ** 0.5
+    return max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2)
+
+
+def check_contract(root: str | Path) -> None:
+    """Refuse shards whose manifest says they were written under an older (or newer) sample contract."""
+    from vtg.errors import VTGError
+
+    manifest = read_manifest(root)
+    if manifest is None:
+        return  # hand-made shards (tests, the GPU check): samples carry their own contract
+    found = int(manifest.get("shard_contract", 1))
+    if found < SHARD_CONTRACT:
+        raise VTGError(f"{Path(root)}: shards written under sample contract {found} (frames squashed to squares, "
+                       f"short windows padded with repeated frames, no source frame indices); this version reads "
+                       f"contract {SHARD_CONTRACT}: re-run preprocess (python -m beam_jobs.preprocess, or dvc repro)")
+    if found > SHARD_CONTRACT:
+        raise VTGError(f"{Path(root)}: shards written under sample contract {found}, newer than this version's "
+                       f"{SHARD_CONTRACT}: update the code")
 
 
 def read_manifest(root: str | Path) -> dict | None:
@@ -227,7 +265,7 @@ def synthetic_window(rng: np.random.Generator, key: str, split: str, num_frames:
     video_id, idx = key.rsplit("-", 1)
     meta = SampleMeta(key=key, video_id=video_id, window_index=int(idx), window_start_s=0.0,
                       window_end_s=duration, frame_timestamps=ts, fps=num_frames / duration,
-                      num_frames=num_frames, queries=queries, split=split, source=source)
+                      num_frames=num_frames, queries=queries, split=split, source=source, contract=SHARD_CONTRACT)
     return meta, [encode_jpeg(f) for f in frames]
 
 

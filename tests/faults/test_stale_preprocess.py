@@ -28,7 +28,7 @@ MAKE_SHARDS = """
 import json, tarfile
 from pathlib import Path
 from vtg.io import file_digest
-from vtg.shards import MANIFEST, data_version_of, write_synthetic_shards
+from vtg.shards import MANIFEST, SHARD_CONTRACT, data_version_of, write_synthetic_shards
 
 root = Path("data/shards")
 write_synthetic_shards(root, n_train=4, n_val=2, shards_per_split=2, num_frames=2)
@@ -38,7 +38,8 @@ for p in sorted(root.glob("*/shard-*.tar")):
         n = sum(m.name.endswith(".json") for m in t.getmembers())
     shards.append({"split": p.parent.name, "path": f"{p.parent.name}/{p.name}", "samples": n,
                    "sha256": file_digest(p)})
-(root / MANIFEST).write_text(json.dumps({"shards": shards, "data_version": data_version_of(shards)}))
+(root / MANIFEST).write_text(json.dumps({"shards": shards, "data_version": data_version_of(shards),
+                                          "shard_contract": SHARD_CONTRACT}))
 """
 TRAIN = """
 import pathlib, time

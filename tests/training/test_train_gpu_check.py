@@ -19,13 +19,15 @@ def test_without_a_gpu_the_check_says_so_and_exits_0():
 
 
 @pytest.mark.slow
-def test_cpu_dry_run_of_the_whole_check(tmp_path: Path):
-    r = subprocess.run([sys.executable, "-m", "training.gpu_check", "--cpu-dry-run", "--out", str(tmp_path)],
-                       cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+@pytest.mark.parametrize("rung,model", [("qwen25vl_3b", "Qwen2.5-VL-3B"), ("qwen3vl_2b", "Qwen3-VL-2B")])
+def test_cpu_dry_run_of_the_whole_check(tmp_path: Path, rung, model):
+    r = subprocess.run([sys.executable, "-m", "training.gpu_check", "--cpu-dry-run", "--rung", rung, "--out",
+                        str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    tmp_path = tmp_path / rung
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["resume"] == {"from_step": 2, "steps_compared": 2, "bit_exact": True, "mismatched_steps": []}
     assert report["tokens_per_s"] > 0 and report["planner"]["verdict"] == "OK"
     assert report["evaluation"]["queries"] == 4 and report["evaluation"]["split"] == "val"
-    assert report["attention"].startswith("sdpa") and "Qwen2.5-VL-3B" in report["model"]
+    assert report["attention"].startswith("sdpa") and model in report["model"]
     assert "| resume bit-exact | True" in (tmp_path / "gpu_check.md").read_text()

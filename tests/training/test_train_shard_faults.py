@@ -22,7 +22,7 @@ from training.sanity import SanityError
 from vtg.errors import VTGError
 from vtg.io import file_digest
 from vtg.model.processing import VisionParams
-from vtg.shards import MANIFEST, SPLITS, verify_shards
+from vtg.shards import MANIFEST, SHARD_CONTRACT, SPLITS, verify_shards
 
 
 def with_manifest(src: Path, dst: Path) -> Path:
@@ -37,7 +37,7 @@ def with_manifest(src: Path, dst: Path) -> Path:
                 n = len({m.name.split(".")[0] for m in t.getmembers()})
             shards.append({"split": split, "path": p.relative_to(dst).as_posix(), "samples": n,
                            "sha256": file_digest(p)})
-    (dst / MANIFEST).write_text(json.dumps({"shards": shards, "data_version": "v-test"}))
+    (dst / MANIFEST).write_text(json.dumps({"shards": shards, "data_version": "v-test", "shard_contract": SHARD_CONTRACT}))
     return dst
 
 

@@ -61,8 +61,8 @@ class QualityConfig(Section):
     steepest edges; it does not depend on contrast, so plain, low-contrast scenes stay sharp. Measured at 56 px:
     clean <= 2.3, re-encoded near-duplicates <= 3.0, Gaussian-blurred (sigma 6 at 112 px) >= 4.1."""
     blur_size: int = Field(56, ge=16)
-    """Frames are scored for blur resized to blur_size x blur_size (like the stored frames; the candidate frame is
-    reused when it equals `frame_size`), so the edge-width threshold does not depend on the source resolution."""
+    """Frames are scored for blur resized to blur_size x blur_size (the candidate frame is reused when it is that
+    size: a square source at `frame_size`), so the edge-width threshold does not depend on the source resolution."""
     sample_fps: float = Field(1.0, gt=0)
     """Candidate frames per second of source time scored for blur (at most `candidate_fps`; brightness uses every
     candidate). Blur affects every frame, so a few per second suffice; this keeps scoring off the hot path."""
@@ -154,7 +154,8 @@ class PreprocessConfig(Section):
     candidate_fps: float = Field(4.0, gt=0)
     """Decoded frames kept (resized) per second as candidates for extraction; bounds memory per video."""
     frame_size: int = Field(56, ge=28)
-    """Frames are resized to frame_size x frame_size (a multiple of 28 for Qwen2.5-VL)."""
+    """Frames are stored at about frame_size^2 pixels with the source's aspect ratio (a square source: exactly
+    frame_size x frame_size); each model family's processor then resizes them to its patch multiples."""
     jpeg_quality: int = Field(90, ge=1, le=100)
     """JPEG quality of stored frames."""
     scenes: ScenesConfig = ScenesConfig()

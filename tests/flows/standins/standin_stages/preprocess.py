@@ -5,7 +5,7 @@ from pathlib import Path
 
 from standin_stages import parse, write_json
 from vtg.io import file_digest
-from vtg.shards import MANIFEST, data_version_of
+from vtg.shards import MANIFEST, SHARD_CONTRACT, data_version_of
 
 args, cfg = parse("preprocess")
 records = [json.loads(x) for x in Path(cfg.preprocess.records).read_text().splitlines()]
@@ -23,6 +23,7 @@ for split in ("train", "val", "test"):
             tar.addfile(info, io.BytesIO(data))
 shards = [{"path": f"{s}/shard-000000.tar", "sha256": file_digest(out / s / "shard-000000.tar")} for s in counts]
 write_json(out / MANIFEST, {"counts": counts, "inputs": len(records), "num_frames": cfg.preprocess.num_frames,
-                            "shards": shards, "data_version": data_version_of(shards)})
+                            "shards": shards, "data_version": data_version_of(shards),
+                            "shard_contract": SHARD_CONTRACT})
 (out / "dead_letter.jsonl").write_text("")
 print(f"stand-in preprocess: {counts}")
