@@ -366,3 +366,45 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_
     shutil.rmtree(tmp_path / "ck")
     print(f"\n7B multi-node: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
           f"final loss {s['final_loss']:.4f}")
+
+
+Q2B, EXP_Q2B = "Qwen/Qwen3-VL-2B-Instruct", "qwen3vl_2b_lora_1gpu"
+
+
+def test_qwen3vl_2b_lora_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
+    """qwen3vl_2b_lora_1gpu (issue 22): the Qwen3-VL rung's recipe at world size 2 on a shape-true Qwen3-VL-2B
+    (real widths: text 2048 x 16 heads / 8 KV heads of 128, vision 1024 wide, patch 16, one deepstack merger):
+    SIGKILLed in the middle of step 2, resumed from step 1 to the end, the LoRA export reloaded with plain
+    transformers + `PeftModel`, one GRPO step from it, and its evaluation, with Qwen3-VL's own inputs (time as
+    `<t seconds>` text, clip-level pixel bounds, mean/std 0.5)."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    t0, base_dir = time.monotonic(), _base(Q2B)
+    overrides = cpu_overrides(Q2B, tmp_path, recipe_shards, f"rl.out_dir={tmp_path / 'rl'}",
+                              f"rl.report_dir={tmp_path / 'rlrep'}", "rl.max_steps=1", "rl.queries_per_step=2",
+                              "rl.group_size=2", "rl.kl_every=0", "rl.save_every=1", "rl.progress=false",
+                              "rl.difficulty_min_iou=0", "rl.difficulty_max_iou=1", "rl.num_gpus=1")
+    t = load_config(REPO_ROOT / "params.yaml", EXP_Q2B, overrides).train
+    assert (t.model.finetune, t.model.freeze_vision, t.zero_stage, t.micro_batch_size, t.grad_accum) == (
+        "lora", True, 2, 2, 8)
+    run = _lifecycle(tmp_path, EXP_Q2B, overrides, kill=True)
+    assert "effective batch 32 = micro 2 x accum 8 x world 2" in run["log"]
+
+    hf = ckpt.export_dir(ckpt.resolve_checkpoint(tmp_path / "ck"))
+    adapter = json.loads((hf / "adapter_config.json").read_text())
+    base = AutoModelForImageTextToText.from_pretrained(adapter["base_model_name_or_path"])
+    assert type(base).__name__ == "Qwen3VLForConditionalGeneration" and adapter["base_model_name_or_path"] == str(
+        base_dir)
+    tok = AutoTokenizer.from_pretrained(hf)
+    before = _logits_on(base, tok, recipe_shards)
+    model = PeftModel.from_pretrained(base, str(hf)).eval()
+    assert not torch.equal(before, _logits_on(model, tok, recipe_shards))  # the adapters trained
+
+    from training.rl.loop import run_rl
+
+    rl = run_rl(load_config(REPO_ROOT / "params.yaml", EXP_Q2B, [*overrides, "rl.init=latest"]))
+    assert len(rl["history"]) == 1 and ckpt.read_checkpoint_meta(ckpt.latest_checkpoint(tmp_path / "rl"))["step"] == 1
+    metrics = _evaluate(tmp_path, EXP_Q2B, overrides)
+    print(f"\nQwen3-VL-2B recipe: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
+          f"losses {run['losses']}, metrics {metrics}")
