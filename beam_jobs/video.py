@@ -15,8 +15,10 @@ from beam_jobs.quality import quality_drop_reason, window_quality
 from beam_jobs.scenes import assign_window, gradual_transitions, plan_windows, rebase, scene_boundaries
 from beam_jobs.text_bias import normalized_span
 from vtg.config.preprocess import PreprocessConfig
+from vtg.model.families import family_named
+from vtg.model.geometry import policy_frames
 from vtg.records import CanonicalRecord
-from vtg.shards import encode_jpeg
+from vtg.shards import encode_jpeg, stored_frame_size
 
 
 def decode(path: str, cfg: PreprocessConfig, expected_duration_s: float | None = None) -> DecodedVideo:
@@ -50,6 +52,13 @@ def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
 
 def select_frames(video: DecodedVideo, start: float, end: float, cfg: PreprocessConfig) -> np.ndarray:
     cand_t = video.cand_idx / video.fps
+    if cfg.frame_mode == "family":
+        family = family_named(cfg.family)
+        width, height = stored_frame_size(video.width, video.height, cfg.frame_size)
+        s = family.sampling
+        n = policy_frames(end - start, height, width, family.video_geometry(), s["fps"], s["min_frames"],
+                          s["max_frames"], cfg.max_video_tokens)
+        return fr.uniform_frames(cand_t, start, end, n)
     if cfg.frame_mode == "adaptive":
         change = fr.candidate_change(video.change, video.cand_idx)
         return fr.adaptive_frames(cand_t, change, start, end, cfg.num_frames, cfg.adaptive_mix)

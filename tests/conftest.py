@@ -64,6 +64,7 @@ def flow_door_run(tmp_path_factory) -> tuple[Path, str]:
 FIRST = (
     "tests/training/test_train_recipes.py",  # shape-true 3B/7B recipes: the longest file, and the memory peak
     "tests/training/test_train_gpu_defaults.py",  # DeepSpeedCPUAdam's first JIT build (one core) beside them
+    "tests/training/test_family_recipes.py",  # the Qwen3-VL/3.5 recipes (two ranks) after the JIT build
 )
 """Started first: the recipes run beside the short one-core tests, not beside another two-rank file (the 7B
 ranks slowed 2.5-4x when they met the flow tests)."""
@@ -73,6 +74,7 @@ LAST = (  # longest first, so that no long file is left to run alone at the end
     "tests/flows/test_embedded_flow.py",
     "tests/infra/test_infra_native_stack.py",
     "tests/training/test_rl_loop.py",
+    "tests/training/test_family_lifecycle.py",
     "tests/flows/test_dvc_pipeline.py",
     "tests/training/test_train_gpu_check.py",
     "tests/training/test_train_multiprocess.py",

@@ -91,3 +91,13 @@ def test_shards_of_an_older_contract_are_refused_with_what_to_do(tmp_path):
         list_shards(root, "train")
     (root / MANIFEST).write_text(json.dumps({"shards": [], "shard_contract": SHARD_CONTRACT}))
     assert len(list_shards(root, "train")) == 1
+
+
+def test_the_family_policy_samples_2_fps_of_distinct_frames(tmp_path):
+    """`frame_mode: family` (Qwen3-VL's policy): 2 fps over a 10 s window = 20 frames, within 4-768; with a token
+    budget, fewer; never more than the distinct candidates."""
+    _, w = _windows(tmp_path, (96, 96), 80, 8.0, frame_mode="family", family="qwen3_vl", candidate_fps=4.0)
+    assert len(w.jpegs) == 20 and len(set(w.frame_indices)) == 20
+    # 96x96 stored at 56x56 -> 64x64 under Qwen3-VL's rule: 4 tokens per 2 frames; a budget of 24 tokens: 12 frames
+    _, w = _windows(tmp_path, (96, 96), 80, 8.0, frame_mode="family", family="qwen3_vl", max_video_tokens=24)
+    assert len(w.jpegs) == 12

@@ -192,3 +192,40 @@ def test_qwen25vl_text_mode_writes_the_same_times(tiny, tmp_path):
 def test_a_video_without_timing_is_an_error():
     with pytest.raises(ValueError, match="without frame timestamps"):
         patch_times([], 2)
+
+
+def test_the_plain_python_resize_rules_equal_transformers_own():
+    """`vtg.model.geometry` (no torch, usable in Beam workers) against transformers' two `smart_resize`s over
+    random sizes, frame counts and bounds, both scopes."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as frame_rule
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as clip_rule
+
+    from vtg.model.geometry import Geometry, resized_size
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        h, w = (int(x) for x in rng.integers(8, 2200, 2))
+        if max(h, w) / min(h, w) > 200:
+            continue
+        t = int(rng.integers(1, 800))
+        lo, hi = sorted(int(x) for x in rng.integers(1000, 30_000_000, 2))
+        patch = int(rng.choice([14, 16]))
+        assert resized_size(1, h, w, Geometry(patch, 2, 2, lo, hi)) == frame_rule(h, w, 2 * patch, lo, hi)
+        g = Geometry(patch, 2, 2, lo, hi, "video")
+        assert resized_size(max(t, 2), h, w, g) == clip_rule(max(t, 2), h, w, 2, 2 * patch, lo, hi)
+
+
+def test_the_family_policy_samples_2_fps_within_its_frame_and_token_budget():
+    from vtg.model.geometry import policy_frames, video_tokens
+
+    g = VisionParams.for_family(family_named("qwen3_vl")).geometry
+    sampling = family_named("qwen3_vl").sampling
+    args = (sampling["fps"], sampling["min_frames"], sampling["max_frames"])
+    assert policy_frames(16.0, 56, 56, g, *args) == 32  # 2 fps
+    assert policy_frames(1.0, 56, 56, g, *args) == 4  # at least min_frames
+    assert policy_frames(3600.0, 360, 640, g, *args) == 768  # at most max_frames
+    # Qwen3-VL's clip-level pixel bound already holds a 720p clip near 11.5k tokens at any length; a smaller
+    # token budget takes the most frames (of the 2 fps count) that fit it
+    n = policy_frames(600.0, 720, 1280, g, *args, max_tokens=8192)
+    assert n % 2 == 0 and video_tokens(n, 720, 1280, g) <= 8192
+    assert all(video_tokens(m, 720, 1280, g) > 8192 for m in range(n + 2, 769, 2))

@@ -143,8 +143,15 @@ class PreprocessConfig(Section):
     max_window_s: float = Field(16.0, gt=0)
     """Longest window cut from one source video (cut at scene boundaries); 16 s keeps long videos' windows as
     dense in frames as the ordinary 8-16 s videos."""
-    frame_mode: Literal["uniform", "adaptive"] = "uniform"
-    """Frame sampling: uniform in time, or adaptive (same budget, denser where content changes)."""
+    frame_mode: Literal["uniform", "adaptive", "family"] = "uniform"
+    """Frame sampling: uniform in time, adaptive (same budget, denser where content changes), or `family`: the
+    policy of `family`'s processor (uniform at its fps within its min/max frames, fewer while the window would
+    pass `max_video_tokens`)."""
+    family: Literal["qwen2_5_vl", "qwen3_vl", "qwen3_5"] = "qwen3_vl"
+    """`frame_mode: family`: whose sampling policy and resize rule (vtg/model/families.py)."""
+    max_video_tokens: int = Field(0, ge=0)
+    """`frame_mode: family`: a window's video token budget under that family's resize rule (0: none beyond its
+    pixel bounds; TimeLens evaluates with 14,336)."""
     num_frames: int = Field(16, ge=2)
     """Frames per window (the budget of both modes; ignored by `uniform` when `frame_fps` > 0)."""
     frame_fps: float = Field(0.0, ge=0)

@@ -61,6 +61,13 @@ class Family:
 
         return getattr(transformers, self.model_class)
 
+    def video_geometry(self):
+        """The published video geometry (`vtg.model.geometry.Geometry`): patch sizes and pixel bounds."""
+        from vtg.model.geometry import published_geometry
+
+        return published_geometry(self.video_processor or self.processor,
+                                  "video" if self.video_processor else "frame")
+
     @property
     def model_inputs(self) -> tuple[str, ...]:
         """The video inputs the model's forward takes besides the token tensors."""

@@ -3,7 +3,7 @@
 transformers' video processor needs torchvision, which cannot live beside the CPU torch here (docs/environment.md), so
 the patchify step is ours: resize to a multiple of patch x merge within the pixel bounds (PIL bicubic, as
 `Qwen2VLImageProcessor` does), rescale, normalise with the mean/std, and the same (t, h, w) -> (merged patch)
-reshape. It matches `Qwen2VLImageProcessor` exactly (tests/training/test_processing.py).
+reshape. It matches `Qwen2VLImageProcessor` exactly (tests/training/test_train_processing.py, test_family_parity.py).
 
 The processor facts (patch, merge and temporal patch sizes, pixel bounds, mean/std) are the checkpoint's own:
 `VisionParams.from_model` reads the `preprocessor_config.json` next to the weights the model was loaded from
@@ -38,6 +38,7 @@ from vtg.errors import VTGError
 from vtg.model.families import CLIP_MEAN as _CLIP_MEAN
 from vtg.model.families import CLIP_STD as _CLIP_STD
 from vtg.model.families import DEFAULT, QWEN2_5_VL, Family, family_named, family_of
+from vtg.model.geometry import Geometry, resized_size
 from vtg.model.tokens import query_ids
 
 CLIP_MEAN = tuple(_CLIP_MEAN)
@@ -72,6 +73,11 @@ class VisionParams:
     @property
     def model_family(self) -> Family:
         return family_named(self.family)
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry(self.patch_size, self.merge_size, self.temporal_patch_size, self.min_pixels,
+                        self.max_pixels, self.pixel_scope)
 
     @classmethod
     def for_family(cls, family: Family, **geometry) -> VisionParams:
@@ -209,21 +215,13 @@ def save_processor_config(model, export_dir: str | Path) -> None:
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Qwen2-VL's target size: both sides multiples of `factor`, pixels within [min, max], aspect kept."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
-
-    return hf_smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return resized_size(1, height, width, Geometry(factor, 1, 1, min_pixels, max_pixels))
 
 
 def frame_size_for(num_frames: int, height: int, width: int, vp: VisionParams) -> tuple[int, int]:
     """The (height, width) every frame of a clip is resized to: per frame within the pixel bounds
     (`pixel_scope="frame"`), or the clip's t x h x w within them (`"video"`, Qwen3-VL's video `smart_resize`)."""
-    factor = vp.patch_size * vp.merge_size
-    if vp.pixel_scope == "frame":
-        return smart_resize(height, width, factor, vp.min_pixels, vp.max_pixels)
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as video_smart_resize
-
-    return video_smart_resize(max(num_frames, vp.temporal_patch_size), height, width, vp.temporal_patch_size,
-                              factor, vp.min_pixels, vp.max_pixels)
+    return resized_size(num_frames, height, width, vp.geometry)
 
 
 def _resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
