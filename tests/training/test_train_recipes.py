@@ -367,3 +367,46 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_
     print(f"\n7B multi-node: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
           f"final loss {s['final_loss']:.4f}")
 
+
+
+def test_qwen3vl_8b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
+    """qwen3vl_8b_zero2_8gpu (issue 22): the 7B rung's recipe on a shape-true Qwen3-VL-8B (text 4096 x 32 heads /
+    8 KV heads of 128, intermediate 12288; vision 1152 wide, one deepstack merger): full fine-tuning of the LLM
+    with the vision tower frozen, ZeRO-2, SIGKILLed mid-step 2, resumed, reloaded with plain `from_pretrained`,
+    one GRPO step from the export, and evaluated. In this file (not test_family_recipes.py) so that it never
+    runs beside the 7B ranks (two 6 GB ranks each)."""
+    from transformers import AutoModelForImageTextToText
+
+    from training.rl.loop import run_rl
+
+    hub_id, experiment = "Qwen/Qwen3-VL-8B-Instruct", "qwen3vl_8b_zero2_8gpu"
+    t0, base_dir = time.monotonic(), _base(hub_id)
+    overrides = cpu_overrides(hub_id, tmp_path, recipe_shards, f"rl.out_dir={tmp_path / 'rl'}",
+                              f"rl.report_dir={tmp_path / 'rlrep'}", "rl.max_steps=1", "rl.queries_per_step=2",
+                              "rl.group_size=2", "rl.kl_every=0", "rl.save_every=1", "rl.progress=false",
+                              "rl.difficulty_min_iou=0", "rl.difficulty_max_iou=1", "rl.num_gpus=1",
+                              "rl.micro_batch_size=1")
+    t = load_config(REPO_ROOT / "params.yaml", experiment, overrides).train
+    assert (t.model.finetune, t.model.freeze_vision, t.zero_stage, t.micro_batch_size, t.grad_accum) == (
+        "full", True, 2, 1, 4)
+    run = _lifecycle(tmp_path, experiment, overrides, kill=True)
+    assert "effective batch 8 = micro 1 x accum 4 x world 2" in run["log"]
+
+    hf = ckpt.export_dir(ckpt.resolve_checkpoint(tmp_path / "ck"))
+    model = AutoModelForImageTextToText.from_pretrained(hf)
+    assert type(model).__name__ == "Qwen3VLForConditionalGeneration"
+    assert (model.config.text_config.hidden_size, model.config.text_config.num_key_value_heads) == (4096, 8)
+    trained, frozen = model.state_dict(), AutoModelForImageTextToText.from_pretrained(base_dir).state_dict()
+    assert all(torch.equal(trained[k], frozen[k]) for k in trained if "visual" in k)  # freeze_vision
+    assert not torch.equal(trained["model.language_model.layers.0.mlp.down_proj.weight"],
+                           frozen["model.language_model.layers.0.mlp.down_proj.weight"])
+    del model, trained, frozen
+    shutil.rmtree(tmp_path / "ck" / ckpt.step_dir_name(1))  # ~5 GB the rest does not need (RL starts at latest)
+
+    rl = run_rl(load_config(REPO_ROOT / "params.yaml", experiment, [*overrides, "rl.init=latest"]))
+    assert len(rl["history"]) == 1
+    metrics = _evaluate(tmp_path, experiment, overrides)
+    shutil.rmtree(tmp_path / "ck")
+    shutil.rmtree(tmp_path / "rl")
+    print(f"\nQwen3-VL-8B recipe: {time.monotonic() - t0:.0f} s, peak RSS/rank {_peak_rss(tmp_path):.2f} GB, "
+          f"losses {run['losses']}, metrics {metrics}")

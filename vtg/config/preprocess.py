@@ -147,7 +147,7 @@ class PreprocessConfig(Section):
     """Frame sampling: uniform in time, adaptive (same budget, denser where content changes), or `family`: the
     policy of `family`'s processor (uniform at its fps within its min/max frames, fewer while the window would
     pass `max_video_tokens`)."""
-    family: Literal["qwen2_5_vl", "qwen3_vl", "qwen3_5"] = "qwen3_vl"
+    family: str = "qwen3_vl"
     """`frame_mode: family`: whose sampling policy and resize rule (vtg/model/families.py)."""
     max_video_tokens: int = Field(0, ge=0)
     """`frame_mode: family`: a window's video token budget under that family's resize rule (0: none beyond its
@@ -185,6 +185,14 @@ class PreprocessConfig(Section):
     """DirectRunner worker processes (multi_processing mode)."""
     progress: bool = Field(True, json_schema_extra=NOT_OUTPUT)
     """Show a progress bar (videos processed) on local runners."""
+
+    @model_validator(mode="after")
+    def _family_known(self) -> "PreprocessConfig":
+        from vtg.model.families import FAMILIES
+
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is not a model family here (known: {', '.join(FAMILIES)})")
+        return self
 
     @model_validator(mode="after")
     def _splits_valid(self) -> "PreprocessConfig":
