@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED := 1
 # The venv's bin first: one ninja builds DeepSpeed's JIT ops for every process (docs/environment.md).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test test-fast lint bench clean serve dry-run gpu-wheels gpu-check
+.PHONY: setup run test test-heavy test-fast lint bench clean serve dry-run gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -48,7 +48,12 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup
-	$(PY) -m pytest -q $(XDIST) $(ARGS)
+	$(PY) -m pytest -q -m "not heavy" $(XDIST) $(ARGS)
+
+# The heavy shape-true runs (Qwen3-VL-8B full fine-tuning and Qwen3.5-2B at world size 2, the Qwen3-VL-2B GPU-check
+# dry run): ~10 min of worker time that `make test` leaves out (docs/testing.md).
+test-heavy: setup
+	$(PY) -m pytest -q -m heavy $(XDIST) $(ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(ARGS)

@@ -30,7 +30,7 @@ NEW_FAMILIES = [
     pytest.param("Qwen/Qwen3-VL-2B-Instruct", "qwen3vl_2b_lora_1gpu", "", True, "Qwen3VLForConditionalGeneration",
                  id="qwen3vl_2b"),
     pytest.param("Qwen/Qwen3.5-2B", "qwen3_5_2b_lora_1gpu", "&text_layers=2", False,
-                 "Qwen3_5ForConditionalGeneration", id="qwen3_5_2b"),
+                 "Qwen3_5ForConditionalGeneration", id="qwen3_5_2b", marks=pytest.mark.heavy),
 ]
 
 

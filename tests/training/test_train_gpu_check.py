@@ -19,7 +19,8 @@ def test_without_a_gpu_the_check_says_so_and_exits_0():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rung,model", [("qwen25vl_3b", "Qwen2.5-VL-3B"), ("qwen3vl_2b", "Qwen3-VL-2B")])
+@pytest.mark.parametrize("rung,model", [("qwen25vl_3b", "Qwen2.5-VL-3B"),
+                                        pytest.param("qwen3vl_2b", "Qwen3-VL-2B", marks=pytest.mark.heavy)])
 def test_cpu_dry_run_of_the_whole_check(tmp_path: Path, rung, model):
     r = subprocess.run([sys.executable, "-m", "training.gpu_check", "--cpu-dry-run", "--rung", rung, "--out",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=False, timeout=600)

@@ -369,6 +369,7 @@ def test_7b_recipe_multinode_shape_two_node_ranks(recipe_shards, recipe_7b, tmp_
 
 
 
+@pytest.mark.heavy
 def test_qwen3vl_8b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path):
     """qwen3vl_8b_zero2_8gpu (issue 22): the 7B rung's recipe on a shape-true Qwen3-VL-8B (text 4096 x 32 heads /
     8 KV heads of 128, intermediate 12288; vision 1152 wide, one deepstack merger): full fine-tuning of the LLM
