@@ -15,6 +15,7 @@ from test_train_recipes import (
     _peak_rss,
     cpu_overrides,
     recipe_shards,
+    rl_step_overrides,
 )
 from train_fixtures import REPO_ROOT
 
@@ -52,10 +53,8 @@ def test_new_family_lora_recipe_shape_true_world_size_2(recipe_shards, tmp_path,
 
     t0 = time.monotonic()
     base_dir = build_shape_true(hub_id, vocab=VOCAB, **({"text_layers": 2} if depth else {}))
-    overrides = [o.replace(f"?vocab={VOCAB}", f"?vocab={VOCAB}{depth}") for o in cpu_overrides(
-        hub_id, tmp_path, recipe_shards, f"rl.out_dir={tmp_path / 'rl'}", f"rl.report_dir={tmp_path / 'rlrep'}",
-        "rl.max_steps=1", "rl.queries_per_step=2", "rl.group_size=2", "rl.kl_every=0", "rl.save_every=1",
-        "rl.progress=false", "rl.difficulty_min_iou=0", "rl.difficulty_max_iou=1", "rl.num_gpus=1")]
+    overrides = [o.replace(f"?vocab={VOCAB}", f"?vocab={VOCAB}{depth}")
+                 for o in cpu_overrides(hub_id, tmp_path, recipe_shards, *rl_step_overrides(tmp_path))]
     t = load_config(REPO_ROOT / "params.yaml", experiment, overrides).train
     assert (t.model.finetune, t.model.freeze_vision, t.zero_stage, t.micro_batch_size, t.grad_accum) == (
         "lora", True, 2, 2, 8)

@@ -68,6 +68,13 @@ sys.exit(run_cli(main))
 '''
 
 
+def rl_step_overrides(root: Path) -> list[str]:
+    """One small GRPO step from the recipe's export (the family recipes' RL check)."""
+    return [f"rl.out_dir={root / 'rl'}", f"rl.report_dir={root / 'rlrep'}", "rl.max_steps=1", "rl.queries_per_step=2",
+            "rl.group_size=2", "rl.kl_every=0", "rl.save_every=1", "rl.progress=false", "rl.difficulty_min_iou=0",
+            "rl.difficulty_max_iou=1", "rl.num_gpus=1"]
+
+
 def cpu_overrides(hub_id: str, root: Path, shards: Path, *extra: str) -> list[str]:
     """The only departures from the shipped recipe (see the module docstring)."""
     return [f"train.model.base=shape-true:{hub_id}?vocab={VOCAB}", "train.precision=fp32", "train.num_gpus=2",
@@ -382,11 +389,7 @@ def test_qwen3vl_8b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path)
 
     hub_id, experiment = "Qwen/Qwen3-VL-8B-Instruct", "qwen3vl_8b_zero2_8gpu"
     t0, base_dir = time.monotonic(), _base(hub_id)
-    overrides = cpu_overrides(hub_id, tmp_path, recipe_shards, f"rl.out_dir={tmp_path / 'rl'}",
-                              f"rl.report_dir={tmp_path / 'rlrep'}", "rl.max_steps=1", "rl.queries_per_step=2",
-                              "rl.group_size=2", "rl.kl_every=0", "rl.save_every=1", "rl.progress=false",
-                              "rl.difficulty_min_iou=0", "rl.difficulty_max_iou=1", "rl.num_gpus=1",
-                              "rl.micro_batch_size=1")
+    overrides = cpu_overrides(hub_id, tmp_path, recipe_shards, *rl_step_overrides(tmp_path), "rl.micro_batch_size=1")
     t = load_config(REPO_ROOT / "params.yaml", experiment, overrides).train
     assert (t.model.finetune, t.model.freeze_vision, t.zero_stage, t.micro_batch_size, t.grad_accum) == (
         "full", True, 2, 1, 4)
