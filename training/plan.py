@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import re
 import sys
@@ -223,6 +222,8 @@ class Arch:
         shapes (equals a meta-device instance and the published safetensors: tests/training/test_train_plan.py);
         other families: counted on a meta-device instance."""
         if self.model_type != "qwen2_5_vl":
+            from vtg.model.families import meta_param_count
+
             return meta_param_count(self.model_type, self.text, self.vision, self.tie_word_embeddings)
         h, i, a, V = self.hidden, self.intermediate, self.heads, self.vocab
         kv = self.text["num_key_value_heads"] * (h // a)
@@ -238,30 +239,6 @@ class Arch:
         mm, out = w * self.merge_size ** 2, self.vision["out_hidden_size"]
         block = 2 * w + 3 * w * w + 3 * w + w * w + w + 2 * (w * iv + iv) + iv * w + w
         return float(3 * tp * p * p * w + self.vision_depth * block + w + mm * mm + mm + mm * out + out)
-
-
-@functools.cache
-def _meta_count(model_type: str, text: str, vision: str, tied: bool) -> tuple[float, float]:
-    import torch
-
-    from vtg.model.families import MODEL_CLASSES, family_of, model_cls_of
-
-    family = family_of(model_type)
-    import transformers
-
-    config_cls = getattr(transformers, MODEL_CLASSES[model_type][0]) if model_type in MODEL_CLASSES else \
-        family.config_cls()
-    config = config_cls(text_config=json.loads(text), vision_config=json.loads(vision), tie_word_embeddings=tied)
-    with torch.device("meta"):
-        model = model_cls_of(config)(config)
-    total = sum(p.numel() for p in model.parameters())
-    largest = max(p.numel() for p in model.parameters())
-    return float(total), float(largest)
-
-
-def meta_param_count(model_type: str, text: dict, vision: dict, tied: bool) -> tuple[float, float]:
-    """(total, largest single parameter) of a meta-device instance of the architecture (no memory, ~1 s)."""
-    return _meta_count(model_type, json.dumps(text, sort_keys=True), json.dumps(vision, sort_keys=True), tied)
 
 
 _ARCH_FIELDS = {

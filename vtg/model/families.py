@@ -14,6 +14,8 @@ What differs (docs/architecture.md, "Model families"):
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 
 from vtg.errors import VTGError
@@ -149,6 +151,15 @@ def family_named(name: str) -> Family:
     return FAMILIES[name]
 
 
+def config_cls_of(model_type: str):
+    """The transformers config class of a model type (its own class where it differs from the family's)."""
+    import transformers
+
+    if model_type in MODEL_CLASSES:
+        return getattr(transformers, MODEL_CLASSES[model_type][0])
+    return family_of(model_type).config_cls()
+
+
 def model_cls_of(config):
     """The transformers model class of a config (its model type's own class where it differs from the family's)."""
     import transformers
@@ -157,3 +168,23 @@ def model_cls_of(config):
     if model_type in MODEL_CLASSES:
         return getattr(transformers, MODEL_CLASSES[model_type][1])
     return family_of(config).model_cls()
+
+
+@functools.cache
+def _meta_count(model_type: str, text: str, vision: str, tied: bool) -> tuple[float, float]:
+    import torch
+    import transformers
+
+    config_cls = getattr(transformers, MODEL_CLASSES[model_type][0]) if model_type in MODEL_CLASSES else \
+        family_of(model_type).config_cls()
+    config = config_cls(text_config=json.loads(text), vision_config=json.loads(vision), tie_word_embeddings=tied)
+    with torch.device("meta"):
+        model = model_cls_of(config)(config)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(p.numel() for p in model.parameters())
+    return float(total), float(largest)
+
+
+def meta_param_count(model_type: str, text: dict, vision: dict, tied: bool) -> tuple[float, float]:
+    """(total, largest single parameter) of a meta-device instance of the architecture (no memory, ~1 s)."""
+    return _meta_count(model_type, json.dumps(text, sort_keys=True), json.dumps(vision, sort_keys=True), tied)

@@ -174,7 +174,7 @@ def _vision_config(facts: dict, blocks: int) -> dict:
 
 def _published_config(facts: dict, text_layers: int, vision_blocks: int, vocab: int, ids: dict[str, int]):
     """A published `config.json` (Qwen3-VL, Qwen3.5 facts) at the cut depths, vocabulary and token ids."""
-    from vtg.model.families import MODEL_CLASSES, family_of
+    from vtg.model.families import config_cls_of
 
     c = json.loads(json.dumps(facts["config"]))
     t, v = c["text_config"], c["vision_config"]
@@ -187,11 +187,7 @@ def _published_config(facts: dict, text_layers: int, vision_blocks: int, vocab: 
         v["deepstack_visual_indexes"] = cut_indexes(v["deepstack_visual_indexes"], vision_blocks)
     for k in ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"):
         c[k] = ids[k]
-    model_type = c.pop("model_type")
-    import transformers
-
-    cls = (getattr(transformers, MODEL_CLASSES[model_type][0]) if model_type in MODEL_CLASSES
-           else family_of(model_type).config_cls())
+    cls = config_cls_of(c.pop("model_type"))
     return cls(**c)
 
 
