@@ -31,6 +31,7 @@ from vtg.config import PipelineConfig, load_config
 from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
 from vtg.io import file_digest, tree_digest, write_json_atomic
+from vtg.selection import overfit_signal
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
         "step": int(meta["step"]), "split": split, "train_run_id": meta.get("mlflow_run_id") or None,
         "lineage": _lineage(ckpt, meta), "data_version": meta.get("data_version"),
         "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
-        "select_metric": cfg.evaluate.select_metric,
+        "select_metric": cfg.evaluate.select_metric, "train_loss": checkpoints.train_loss_of_meta(meta),
     }
 
 
@@ -169,7 +170,20 @@ def public_metrics(result: dict) -> dict:
             "data_version": result.get("data_version"), "settings_hash": result["settings_hash"],
             "select_metric": result["select_metric"], "model": s["model"], "counts": s["counts"],
             "baselines": {name: {m: v for m, v in b.items() if m != "fit"} for name, b in s["baselines"].items()},
-            "visual_gain": s["visual_gain"]}
+            "visual_gain": s["visual_gain"], "intervals": s.get("intervals"), "harness": s.get("harness")}
+
+
+def overfit_check(cfg: PipelineConfig, runs: list[dict]) -> dict | None:
+    """The overfitting signal of one run's val results (`vtg.selection.overfit_signal`): a warning in the log and
+    a tag on the training run in MLflow; returned for the report."""
+    signal = overfit_signal(runs, cfg.evaluate.overfit_patience)
+    if signal is None:
+        return None
+    log.warning("%s", signal["message"])
+    train_run = next((r.get("train_run_id") for r in reversed(runs) if r.get("train_run_id")), None)
+    if cfg.tracking.enabled and train_run:
+        tracking.tag_run(cfg.tracking, train_run, {"vtg.overfit": signal["message"][:500]})
+    return signal
 
 
 def curve_runs(cfg: PipelineConfig, result: dict) -> list[dict]:
@@ -200,7 +214,8 @@ def _refresh_outputs(cfg: PipelineConfig, result: dict, entry: Path) -> dict:
             return {}
         runs = curve_runs(cfg, result)
         write_curve(cfg, runs, result["summary"]["baselines"])
-        return select_best(cfg.tracking, ev, runs)
+        overfit = overfit_check(cfg, runs)
+        return {**select_best(cfg.tracking, ev, runs), "overfit": overfit}
 
 
 def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,

@@ -10,14 +10,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from evaluation import intervals
 from evaluation.baselines import fit_prior, prior_prediction
 from evaluation.metrics import metric_name
 from evaluation.predict import predict_batch
 from evaluation.scoring import aggregate, breakdowns, score_answers, score_spans, visual_gain
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
+from vtg.harness import WINDOWED, build_card, digest, frame_facts
+from vtg.io import file_digest
 from vtg.queries import QueryExample, ReadStats, iter_examples, iter_spans
-from vtg.shards import list_shards
+from vtg.shards import list_shards, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +87,52 @@ def _stream(model, tokenizer, examples: Iterator[QueryExample], cfg: EvaluateCon
                 acc[loss_key][0] += out.loss_sum
                 acc[loss_key][1] += out.loss_tokens
             acc["meta"].extend({"key": ex.key, "query": ex.query, "windows": ex.windows, "source": ex.source,
-                                "duration_s": ex.duration_s} for ex in batch)
+                                "duration_s": ex.duration_s,
+                                "clip": (len(ex.frames), *ex.frames.shape[1:3], ex.duration_s)} for ex in batch)
             bar.update(len(batch))
     return acc
 
 
 def _mean_loss(pair: list) -> float:
     return pair[0] / max(pair[1], 1)
+
+
+def harness_card(model, tokenizer, cfg: EvaluateConfig, split: str, examples: list[dict], shards_digest: str) -> dict:
+    """The harness card of a windowed evaluation (`vtg.harness`): what the model saw and how it was scored."""
+    from vtg.model.generation import vision_params
+    from vtg.model.processing import query_position, timestamp_mode
+
+    manifest = read_manifest(cfg.shards_dir) or {}
+    vision = vision_params(model)
+    return build_card(
+        protocol=WINDOWED, split=split, split_digest=shards_digest, data_version=manifest.get("data_version"),
+        queries=len(examples), vision=vision, tokenizer=tokenizer, timestamps=timestamp_mode(tokenizer),
+        frames=frame_facts((ex["clip"] for ex in examples), vision),
+        decoding={"strategy": "greedy", "max_new_tokens": cfg.max_new_tokens},
+        thresholds=cfg.iou_thresholds, query_position=query_position(tokenizer),
+        intervals={"method": intervals.METHOD, "resamples": cfg.bootstrap_resamples, "confidence": cfg.confidence,
+                   "seed": intervals.SEED})
+
+
+def metric_intervals(rows: list[dict], baseline_rows: dict[str, list[dict]], best_blind: dict[str, str],
+                     cfg: EvaluateConfig) -> dict:
+    """Bootstrap intervals of the model's and each baseline's metrics, and the paired interval of the visual
+    gain (model minus the best blind baseline of each metric)."""
+    kw = {"thresholds": cfg.iou_thresholds, "resamples": cfg.bootstrap_resamples, "confidence": cfg.confidence}
+    ious = [r["iou"] for r in rows]
+    gain = {}
+    for metric, name in best_blind.items():
+        entry = intervals.paired([r["iou"] for r in baseline_rows[name]], ious, **kw).get(metric)
+        if entry:
+            gain[metric] = {**entry, "baseline": name}
+    return {"model": intervals.bootstrap(ious, **kw),
+            "baselines": {name: intervals.bootstrap([r["iou"] for r in b], **kw) for name, b in baseline_rows.items()},
+            "visual_gain": gain}
+
+
+def split_digest(shards: list[str]) -> str:
+    """A digest of a split's shard files (names and contents): the card's `data.split_digest`."""
+    return digest([[Path(s).name, file_digest(s)] for s in shards])
 
 
 def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tuple[dict, list[dict]]:
@@ -113,6 +155,7 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
 
     baselines: dict[str, dict] = {}
     blank_rows = prior_rows = None
+    card = harness_card(model, tokenizer, cfg, split, examples, split_digest(shards))
     if "blank" in cfg.baselines:
         blank_rows = score_answers(acc["blank_answers"], gts)
         baselines["blank"] = {**aggregate(blank_rows, thresholds), "eval_loss": _mean_loss(acc["blank_loss"])}
@@ -135,11 +178,14 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
             pred.update(prior_pred=prior_rows[i]["pred"], prior_iou=prior_rows[i]["iou"])
         predictions.append(pred)
     elapsed = time.perf_counter() - t0
+    baseline_rows = {name: r for name, r in (("blank", blank_rows), ("prior", prior_rows)) if r}
     summary = {
         "model": model_metrics,
         "baselines": baselines,
         "visual_gain": gain,
         "best_blind_baseline": best_blind,
+        "intervals": metric_intervals(rows, baseline_rows, best_blind, cfg),
+        "harness": card,
         **breakdowns(rows, gts, [ex["source"] for ex in examples], thresholds, cfg.length_edges_s),
         "counts": {"samples": stats.samples, "queries": stats.queries, "scored": len(rows),
                    "skipped": dict(stats.skipped)},

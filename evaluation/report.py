@@ -14,7 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from evaluation.intervals import format_ci, format_delta
 from evaluation.registry import DEFAULT_STAGE
+from vtg.harness import card_digest
 
 PLOTS = ("iou_hist.png", "timelines.png", "step_curve.png", "baselines.png")
 RL_PLOT = "rl_curves.png"
@@ -148,13 +150,22 @@ def plot_rl_curves(rows: Sequence[dict], path: Path, kl_warn: float | None = Non
     _save(fig, path)
 
 
-def plot_baselines(model: dict, baselines: dict, metrics: Sequence[str], path: Path) -> None:
+def plot_baselines(model: dict, baselines: dict, metrics: Sequence[str], path: Path,
+                   ci: dict | None = None) -> None:
+    """Bars of the model and each blind baseline per metric, with their 95% intervals (`ci`: the summary's
+    `intervals`) as error bars."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
     series = {"model": model, **{f"{k} (blind)": v for k, v in baselines.items()}}
+    ci = ci or {}
+    bounds = {"model": ci.get("model") or {}, **{f"{k} (blind)": (ci.get("baselines") or {}).get(k) or {}
+                                                for k in baselines}}
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         xs = [j + i * width for j in range(len(metrics))]
-        ax.bar(xs, [values.get(m, 0) for m in metrics], width, label=name)
+        heights = [values.get(m, 0) for m in metrics]
+        err = [[max(h - bounds[name].get(m, (h, h))[0], 0) for m, h in zip(metrics, heights)],
+               [max(bounds[name].get(m, (h, h))[1] - h, 0) for m, h in zip(metrics, heights)]]
+        ax.bar(xs, heights, width, label=name, yerr=err if bounds[name] else None, capsize=2)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(metrics))], metrics)
     ax.set(ylim=(0, 1.02), title="Model vs blind baselines")
     ax.legend(fontsize=7)
@@ -163,7 +174,7 @@ def plot_baselines(model: dict, baselines: dict, metrics: Sequence[str], path: P
 
 def comparison_table(comparison: dict) -> tuple[list[str], list[list]]:
     """(header, rows) of the SFT-vs-RL comparison: one row per query group (all, then each query type) with n
-    and, per metric, `SFT -> RL (RL - SFT)`. Shared by the HTML report and summary.md."""
+    and, per metric, `SFT -> RL (RL - SFT [paired bootstrap interval])`. Shared by the HTML report and summary.md."""
     metrics = comparison["metrics"]
     groups = {"all": comparison["overall"], **comparison.get("by_query_type", {})}
     rows = []
@@ -172,11 +183,13 @@ def comparison_table(comparison: dict) -> tuple[list[str], list[list]]:
         for m in metrics:
             rl = g["rl"].get(m, math.nan)
             if "sft" in g:
-                cells.append(f"{g['sft'].get(m, math.nan):.3f} -> {rl:.3f} ({g['delta'].get(m, math.nan):+.3f})")
+                paired = (g.get("delta_ci") or {}).get(m)
+                delta = format_delta(paired) if paired else f"{g['delta'].get(m, math.nan):+.3f}"
+                cells.append(f"{g['sft'].get(m, math.nan):.3f} -> {rl:.3f} ({delta})")
             else:
                 cells.append(f"- -> {rl:.3f}")
         rows.append([name, g["n"], *cells])
-    return ["queries", "n", *(f"{m}: SFT -> RL (delta)" for m in metrics)], rows
+    return ["queries", "n", *(f"{m}: SFT -> RL (delta [95% paired CI])" for m in metrics)], rows
 
 
 def _comparison_html(comparison: dict | None) -> str:
@@ -202,13 +215,69 @@ def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def metric_rows(summary: dict, metrics: Sequence[str]) -> list[list]:
+    """Model, each blind baseline and the visual gain, per metric `value [95% CI]` (the gain's interval is the
+    paired one against the best baseline of that metric). Shared by the HTML report and summary.md."""
+    ci = summary.get("intervals") or {}
+    model_ci, base_ci, gain_ci = ci.get("model") or {}, ci.get("baselines") or {}, ci.get("visual_gain") or {}
+    rows = [["model", *(format_ci(summary["model"][m], model_ci.get(m)) for m in metrics)]]
+    for name, b in summary["baselines"].items():
+        rows.append([f"{name} (blind)", *(format_ci(b[m], (base_ci.get(name) or {}).get(m)) if m in b else "-"
+                                          for m in metrics)])
+    rows.append(["visual gain", *(format_delta(gain_ci[m]) if m in gain_ci
+                                  else f"{summary['visual_gain'].get(m, math.nan):+.3f}" for m in metrics)])
+    return rows
+
+
+def card_lines(card: dict | None) -> list[tuple[str, str]]:
+    """(field, value) rows of a harness card for the reports (the prompt text separately)."""
+    if not card:
+        return [("card", "none (stored before harness cards existed)")]
+    frames = card["frames"]
+
+    def spread(d):
+        return f"{d.get('min')} / {d.get('median')} / {d.get('max')}" if d else "-"
+
+    data, model, prompt = card["data"], card["model"], card["prompt"]
+    return [
+        ("protocol", card["protocol"]),
+        ("data", (f"split {data['split']}, {data['queries']} queries, shards {data['split_digest']}, "
+                 f"data version {str(data['data_version'])[:12]}")),
+        ("frames per query (min / median / max)", spread(frames.get("per_query"))),
+        ("sampling fps (min / median / max)", spread(frames.get("fps"))),
+        ("model pixels per frame (min / median / max)", spread(frames.get("model_pixels_per_frame"))),
+        ("video tokens per query (min / median / max)", spread(frames.get("video_tokens"))),
+        ("pixel bounds", (f"{card['pixels']['min_pixels']}-{card['pixels']['max_pixels']} per "
+                         f"{card['pixels']['scope']}")),
+        ("family, processor facts", f"{model['family']}, {model['processor_digest']}; time: {model['timestamps']}"),
+        ("prompt, chat template", (f"{prompt['digest']}, {prompt['chat_template_digest']} (query "
+                                  f"{prompt['query_position']} the video)")),
+        ("answer parser", f"v{card['parser']['version']}: {card['parser']['rule']}"),
+        ("decoding", ", ".join(f"{k} {v}" for k, v in card["decoding"].items())),
+        ("scoring", (f"R@1 at IoU {card['scoring']['iou_thresholds']}; {card['scoring']['several_windows']}; "
+                    f"unparsed: {card['scoring']['unparsed']}")),
+        ("intervals", (f"{card['intervals']['confidence']:.0%} {card['intervals']['method']}, "
+                      f"{card['intervals']['resamples']} resamples")),
+        ("card digest", card_digest(card)),
+    ]
+
+
+def _card_html(card: dict | None) -> str:
+    rows = _table(["harness", ""], card_lines(card))
+    text = html.escape(card["prompt"]["text"]) if card else ""
+    return (f"<h2>Harness card</h2><p>How these numbers were measured: a metric is comparable only with one "
+            f"measured under the same card.</p>{rows}<p>Prompt as the model gets it:</p><pre>{text}</pre>")
+
+
+def _overfit_html(overfit: dict | None) -> str:
+    return f'<p style="color:#b00"><b>Warning:</b> {html.escape(overfit["message"])}</p>' if overfit else ""
+
+
 def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str], comparison: dict | None = None,
-                plots: Sequence[str] = PLOTS) -> str:
+                plots: Sequence[str] = PLOTS, overfit: dict | None = None) -> str:
     s = result["summary"]
-    model, baselines, gain = s["model"], s["baselines"], s["visual_gain"]
-    main = _table(["", *metrics], [["model", *(model[m] for m in metrics)],
-                                   *([f"{k} (blind)", *(v[m] for m in metrics)] for k, v in baselines.items()),
-                                   ["visual gain", *(gain.get(m, float("nan")) for m in metrics)]])
+    model = s["model"]
+    main = _table(["", *(f"{m} [95% CI]" for m in metrics)], metric_rows(s, metrics))
     by_len = _table(["length", "n", *metrics], [[k, v["n"], *(v[m] for m in metrics)]
                                                 for k, v in s["by_length"].items()])
     by_src = _table(["source", "n", *metrics], [[k, v["n"], *(v[m] for m in metrics)]
@@ -225,10 +294,12 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:48%;
 train run {html.escape(str(result.get('train_run_id')))}. Queries scored: {c['scored']} from {c['samples']} windows
 (skipped: {html.escape(str(c['skipped'] or 'none'))}). Parse failures: {model.get('parse_failure_rate', 0):.1%} (scored as IoU 0).
 Eval loss: {model.get('eval_loss', float('nan')):.4f}.</p>
+{_overfit_html(overfit)}
 <h2>Model vs blind baselines</h2>{main}
-<p>Visual gain = model minus the best blind baseline per metric: a model that does not beat the blind baselines is
-reading the text, not the video.</p>
+<p>Visual gain = model minus the best blind baseline per metric (with the paired bootstrap interval of the
+difference): a model that does not beat the blind baselines is reading the text, not the video.</p>
 {_comparison_html(comparison)}
+{_card_html(s.get("harness"))}
 <h2>By moment length</h2>{by_len}<h2>By source</h2>{by_src}
 <h2>Plots</h2>{imgs}
 <h2>Sample predictions</h2>{preds}
@@ -238,7 +309,8 @@ reading the text, not the video.</p>
 
 def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Sequence[dict],
                  thresholds: Sequence[float], samples: int, comparison: dict | None = None,
-                 rl_steps: Sequence[dict] = (), rl_warn: tuple[float | None, float | None] = (None, None)) -> Path:
+                 rl_steps: Sequence[dict] = (), rl_warn: tuple[float | None, float | None] = (None, None),
+                 overfit: dict | None = None) -> Path:
     """report.html plus its PNGs into `out`; returns the HTML path. With `comparison` (SFT vs RL on test) its
     table; with `rl_steps` (`read_rl_steps`) the RL curves (`RL_PLOT`, thresholds `rl_warn` = (KL, entropy))."""
     from evaluation.metrics import metric_name
@@ -249,11 +321,11 @@ def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Se
     plot_iou_hist(predictions, thresholds, out / "iou_hist.png")
     plot_timelines(predictions, samples, out / "timelines.png")
     plot_step_curve(steps, metrics, s["baselines"], result["select_metric"], out / "step_curve.png")
-    plot_baselines(s["model"], s["baselines"], metrics, out / "baselines.png")
+    plot_baselines(s["model"], s["baselines"], metrics, out / "baselines.png", s.get("intervals"))
     plots = list(PLOTS)
     if rl_steps:
         plot_rl_curves(rl_steps, out / RL_PLOT, *rl_warn)
         plots.append(RL_PLOT)
     path = out / "report.html"
-    path.write_text(render_html(result, predictions, metrics, comparison, plots))
+    path.write_text(render_html(result, predictions, metrics, comparison, plots, overfit))
     return path

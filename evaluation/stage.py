@@ -36,12 +36,14 @@ from evaluation.registry import (
     pick_best,
     select_best,
 )
-from evaluation.report import RL_PLOT, comparison_table, read_rl_steps, write_report
+from evaluation.report import RL_PLOT, card_lines, comparison_table, metric_rows, read_rl_steps, write_report
 from vtg import checkpoints
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.harness import card_of, require_comparable
 from vtg.io import write_json_atomic
 from vtg.rl_outputs import STEPS_CSV as RL_STEPS_CSV
+from vtg.selection import overfit_signal
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.md"
@@ -95,13 +97,15 @@ def run_stage(cfg: PipelineConfig) -> dict:
         comparison = _comparison(cfg, tested[rl_path], tested.get(sft_parent) if sft_parent else None,
                                  parent_problem, overall_best=rl_path == best_path)
     rl_steps = read_rl_steps(Path(cfg.rl.report_dir) / RL_STEPS_CSV) if cfg.orchestration.rl else []
-    _write_outputs(cfg, test, best_val, comparison, rl_steps)
-    summary = summary_markdown(test, val, comparison)
+    overfit = overfit_signal(curve_runs(cfg, best_val), cfg.evaluate.overfit_patience)
+    _write_outputs(cfg, test, best_val, comparison, rl_steps, overfit)
+    summary = summary_markdown(test, val, comparison, overfit)
     (Path(cfg.evaluate.out_dir) / SUMMARY_FILE).write_text(summary)
     return {"best_checkpoint": selection["best"], "best_step": selection["step"],
             "best_stage": checkpoint_stage(best_val), "best_checkpoint_name": checkpoint_label(best_val),
             "test": test.to_dict(), "val": [v.to_dict() for v in val], "comparison": comparison,
-            "summary_markdown": summary, "registered_version": selection.get("registered_version")}
+            "summary_markdown": summary, "registered_version": selection.get("registered_version"),
+            "overfit": overfit}
 
 
 def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult | None, problem: str | None,
@@ -110,8 +114,11 @@ def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult
     overall and by query type. Names only (no absolute paths): metrics.json is the same from both doors."""
     ev = cfg.evaluate
     types, note = query_types(ev.shards_dir, HELDOUT_SPLIT, cfg.corpus.out_dir)
+    if sft is not None:
+        require_comparable([(checkpoint_label(sft.result), card_of(sft.result)),
+                            (checkpoint_label(rl.result), card_of(rl.result))], "compare")
     out = compare(store.load_predictions(sft.entry_dir) if sft else None, store.load_predictions(rl.entry_dir),
-                  types, ev.iou_thresholds)
+                  types, ev.iou_thresholds, ev.bootstrap_resamples, ev.confidence)
     rl_info = {"checkpoint": checkpoint_label(rl.result), "step": rl.result["step"], "overall_best": overall_best,
                "parent_step": rl.result.get("parent_step")}
     sft_info = ({"checkpoint": checkpoint_label(sft.result), "step": sft.result["step"],
@@ -122,7 +129,7 @@ def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult
 
 
 def _write_outputs(cfg: PipelineConfig, test: EvaluationResult, best_val: dict, comparison: dict | None,
-                   rl_steps: list[dict]) -> None:
+                   rl_steps: list[dict], overfit: dict | None = None) -> None:
     """metrics.json with the comparison, the val curve of the best's run, and the report re-drawn in the stage
     outputs with the comparison table and the RL curves."""
     ev, out = cfg.evaluate, Path(cfg.evaluate.out_dir)
@@ -130,12 +137,13 @@ def _write_outputs(cfg: PipelineConfig, test: EvaluationResult, best_val: dict, 
         metrics = public_metrics(test.result)
         if comparison is not None:
             metrics["comparison"] = comparison
+        metrics["overfit"] = overfit
         write_json_atomic(out / store.RESULT_FILE, metrics)
         rows = write_curve(cfg, curve_runs(cfg, best_val), best_val["summary"]["baselines"])
         (out / RL_PLOT).unlink(missing_ok=True)  # a previous run's curves
         write_report(out, test.result, store.load_predictions(test.entry_dir), rows, ev.iou_thresholds,
                      ev.report_samples, comparison=comparison, rl_steps=rl_steps,
-                     rl_warn=(cfg.rl.kl_warn, cfg.rl.entropy_warn))
+                     rl_warn=(cfg.rl.kl_warn, cfg.rl.entropy_warn), overfit=overfit)
 
 
 def comparison_markdown(comparison: dict) -> list[str]:
@@ -153,23 +161,31 @@ def comparison_markdown(comparison: dict) -> list[str]:
     return lines
 
 
-def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], comparison: dict | None = None) -> str:
-    """The evaluation part of the pipeline report: held-out metrics vs blind baselines, the SFT-vs-RL comparison
-    (with RL), then val per checkpoint (SFT, then RL)."""
+def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], comparison: dict | None = None,
+                     overfit: dict | None = None) -> str:
+    """The evaluation part of the pipeline report: held-out metrics (95% bootstrap intervals) vs blind baselines
+    and the visual gain (paired intervals), the SFT-vs-RL comparison (with RL), the harness card, then val per
+    checkpoint (SFT, then RL)."""
     t = test.to_dict()
-    base = t["baselines"]
     title = (f"## Held-out {t['split']} metrics of the best checkpoint (`{checkpoint_label(test.result)}`, "
              f"step {t['step']}, chosen on {SELECTION_SPLIT} by {t['select_metric']})")
-    lines = [title, "",
-             f"report: {test.out_dir / 'report.html'}", "",
-             "| metric | model | " + " | ".join(f"blind: {b}" for b in base) + " |",
-             "| --- | --- |" + " --- |" * len(base)]
-    for k, v in t["model"].items():
-        if isinstance(v, int | float):
-            row = " | ".join(f"{base[b][k]:.4f}" if k in base[b] else "-" for b in base)
-            lines.append(f"| {k} | {v:.4f} | {row} |")
+    lines = [title, "", f"report: {test.out_dir / 'report.html'}", ""]
+    if overfit:
+        lines += [f"**Warning:** {overfit['message']}", ""]
+    s = test.result["summary"]
+    metrics = ["miou", *sorted(k for k in s["model"] if k.startswith("r1@"))]
+    rows = metric_rows(s, metrics)
+    lines += ["| | " + " | ".join(f"{m} [95% CI]" for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
+    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    extra = {k: v for k, v in s["model"].items() if k not in metrics and isinstance(v, int | float)}
+    lines += ["", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())]
     if comparison:
         lines += ["", *comparison_markdown(comparison)]
+    card = s.get("harness")
+    lines += ["", "## Harness card", "", "| harness | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in card_lines(card)]
+    if card:
+        lines += ["", "Prompt as the model gets it:", "", "```", card["prompt"]["text"].rstrip("\n"), "```"]
     keys = ["miou", *sorted(k for k in val[0].metrics if k.startswith("r1@"))] if val else []
     lines += ["", f"## Per-checkpoint evaluation ({SELECTION_SPLIT})", "",
               "| checkpoint | stage | step | " + " | ".join(keys) + " |", "| --- | --- | --- |" + " --- |" * len(keys)]

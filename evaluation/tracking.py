@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from vtg.config import TrackingConfig
+from vtg.harness import card_digest
 from vtg.lineage import (
     ENV_PARENT_RUN_ID,
     TAG_CHECKPOINT,
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 TAG_CHECKPOINT_DIGEST = "vtg.checkpoint_digest"
 TAG_SPLIT = "vtg.split"
+TAG_HARNESS = "vtg.harness"
+"""The harness card's digest (`vtg.harness.card_digest`); `vtg.harness.<field>` tags carry its headline fields."""
 TAG_CHECKPOINT_STAGE = "vtg.checkpoint_stage"
 """`sft` or `rl`: which training stage wrote the evaluated checkpoint (meta.json's `stage`)."""
 
@@ -49,7 +52,28 @@ def flat_metrics(result: dict) -> dict[str, float]:
         out.update({f"{prefix}{name}/{mlflow_key(k)}": float(v) for k, v in b.items()
                     if isinstance(v, int | float) and k != "n"})
     out.update({f"{prefix}visual_gain/{mlflow_key(k)}": float(v) for k, v in s["visual_gain"].items()})
+    ci = s.get("intervals") or {}
+    for k, (lo, hi) in (ci.get("model") or {}).items():
+        out.update({f"{prefix}{mlflow_key(k)}_ci_low": lo, f"{prefix}{mlflow_key(k)}_ci_high": hi})
+    for k, entry in (ci.get("visual_gain") or {}).items():
+        if entry.get("ci"):
+            out.update({f"{prefix}visual_gain/{mlflow_key(k)}_ci_low": entry["ci"][0],
+                        f"{prefix}visual_gain/{mlflow_key(k)}_ci_high": entry["ci"][1]})
     return out
+
+
+def harness_tags(result: dict) -> dict[str, str]:
+    """The harness card's digest and headline fields as run tags (the whole card is in metrics.json, an
+    artifact of the run)."""
+    card = (result.get("summary") or {}).get("harness")
+    if not card:
+        return {}
+    frames = card["frames"].get("per_query") or {}
+    return {TAG_HARNESS: card_digest(card), f"{TAG_HARNESS}.protocol": card["protocol"],
+            f"{TAG_HARNESS}.family": card["model"]["family"],
+            f"{TAG_HARNESS}.frames": f"{frames.get('min')}-{frames.get('max')}",
+            f"{TAG_HARNESS}.prompt_digest": card["prompt"]["digest"],
+            f"{TAG_HARNESS}.parser_version": card["parser"]["version"]}
 
 
 def client(tracking: TrackingConfig):
@@ -73,7 +97,7 @@ def start_eval_run(tracking: TrackingConfig, result: dict) -> str:
             TAG_DATA_VERSION: str(result.get("data_version") or ""), TAG_TRAIN_RUN: result.get("train_run_id") or "",
             TAG_GIT_COMMIT: git_commit(), TAG_CONFIG_HASH: result["settings_hash"],
             TAG_CHECKPOINT_DIGEST: result["checkpoint_digest"], TAG_SPLIT: result["split"],
-            TAG_CHECKPOINT_STAGE: result["stage"],
+            TAG_CHECKPOINT_STAGE: result["stage"], **harness_tags(result),
             "mlflow.note.content": f"Evaluation of {result['checkpoint']} on {result['split']}"}
     if parent := os.environ.get(ENV_PARENT_RUN_ID):
         tags["mlflow.parentRunId"] = parent
@@ -94,6 +118,20 @@ def finish_eval_run(tracking: TrackingConfig, run_id: str, result: dict, entry: 
         if p.is_file() and not p.name.startswith("."):
             c.log_artifact(run_id, str(p), "report" if p.suffix in (".html", ".png") else None)
     c.set_terminated(run_id, "FINISHED")
+
+
+def tag_run(tracking: TrackingConfig, run_id: str, tags: dict[str, str]) -> bool:
+    """Set tags on a run (the training run's overfitting warning); False when that run is not in this store."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(tracking)
+    try:
+        for k, v in tags.items():
+            c.set_tag(run_id, k, v)
+    except MlflowException as e:
+        log.warning("could not tag run %s: %s", run_id, str(e).splitlines()[0])
+        return False
+    return True
 
 
 def fail_eval_run(tracking: TrackingConfig, run_id: str) -> None:

@@ -217,11 +217,12 @@ NOT_OUTPUT_FIELDS = {
                    "decode_threads"},
     "train": {"out_dir", "resume", "checkpoint_hooks", "progress", "log_every", "data.prefetch_factor", "gpu_mem_gb",
               "peak_tflops"},
-    "evaluate": {"out_dir", "store_dir", "device", "reuse", "batch_size", "split", "registry_alias"},
+    "evaluate": {"out_dir", "store_dir", "device", "reuse", "batch_size", "split", "registry_alias",
+                 "overfit_patience"},
     "tracking": set(),
     "orchestration": set(),
 }
-RUN_LENGTH_FIELDS = {"train": {"max_steps", "save_every", "keep_last"}}
+RUN_LENGTH_FIELDS = {"train": {"max_steps", "save_every", "keep_last", "early_stop"}}
 
 
 @pytest.mark.parametrize("name", sorted(NOT_OUTPUT_FIELDS))

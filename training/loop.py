@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from training import early_stop
 from training.callbacks import Callback, CallbackList, default_callbacks
 from training.data import StreamSpec, make_loader, read_examples, resolve_urls
 from training.dist import (
@@ -40,6 +41,7 @@ from training.sanity import (
     check_tokenizer,
 )
 from vtg import lineage
+from vtg.checkpoints import TRAIN_LOSS_AVG, window_mean
 from vtg.config import PipelineConfig, config_hash
 from vtg.config._base import trajectory_view, view_hash
 from vtg.errors import VTGError
@@ -165,7 +167,8 @@ class Trainer:
     def save(self, last_loss: float) -> Path | None:
         meta = {"data_version": self.data_version, "git_commit": self.git_commit, "config_hash": config_hash(self.cfg),
                 TRAIN_KEY: train_hash(self.tcfg), "finetune": self.tcfg.model.finetune, "base": self.tcfg.model.base,
-                "base_path": self.base_path, "samples_seen": self.state.samples, "metrics": {"train/loss": last_loss},
+                "base_path": self.base_path, "samples_seen": self.state.samples,
+                "metrics": {"train/loss": last_loss, TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)},
                 "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
         state = {"run": self.state.__dict__, "guard": self.guard.state_dict(), "num_workers": self.tcfg.data.num_workers}
         final = self.run.save(self.state.step, self.engine, self.tokenizer, state, meta)
@@ -205,6 +208,12 @@ class Trainer:
         step_samples = 0
         window = self.monitor.new_window()
         last_loss, completed = float("nan"), st.step >= stop_at
+        early = None
+        recorded = early_stop.stopped_at(self.cfg, train_hash(t)) if t.early_stop and st.step else None
+        if recorded is not None and recorded["step"] <= st.step:
+            log.info("this run ended early at step %d (%s): nothing to train", recorded["step"],
+                     early_stop.marker_path(self.cfg))
+            early, completed = recorded, True
         loader = iter(self._loader()) if not completed else None
         while not completed:
             t0 = time.perf_counter()
@@ -246,18 +255,34 @@ class Trainer:
             if st.step % t.log_every == 0 or st.step == stop_at:
                 self._log_window(window, last_loss, step_lr)
                 window = self.monitor.new_window()
-            if st.step % t.save_every == 0 or st.step == stop_at:
-                self.save(last_loss)
-                self.monitor.skip_idle(window)  # checkpoint time is not step time
             completed = st.step >= stop_at
+            if st.step % t.save_every == 0 or st.step == stop_at:
+                saved = self.save(last_loss)
+                if t.early_stop and not completed:
+                    early = self._early_stop(saved)
+                    completed = early is not None
+                self.monitor.skip_idle(window)  # checkpoint time (and the early-stop evaluation) is not step time
         del loader
         wall = time.perf_counter() - start_wall
         summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
                    "data_errors": st.data_errors, "wall_s": wall, "samples_seen": st.samples,
                    "steps_per_s": (st.step - start_step) / wall if wall > 0 else 0.0,
-                   "completed": st.step >= t.max_steps, **self.monitor.summary(), "losses": list(st.losses)}
+                   "completed": st.step >= t.max_steps or early is not None, "early_stop": early,
+                   **self.monitor.summary(), "losses": list(st.losses)}
         self.callbacks.on_train_end(summary)
         return summary
+
+    def _early_stop(self, saved: Path | None) -> dict | None:
+        """`train.early_stop`: rank 0 evaluates the new checkpoint on val and reads the overfitting signal
+        (training/early_stop.py); every rank gets the decision."""
+        signal = None
+        if self.dist.is_main and saved is not None:
+            signal = early_stop.check(self.cfg, saved)
+            if signal is not None:
+                early_stop.record(self.cfg, signal, train_hash(self.tcfg))
+        if not all_reduce_max(float(signal is not None), self.dist.device):
+            return None
+        return signal or early_stop.stopped_at(self.cfg, train_hash(self.tcfg)) or {"step": self.state.step}
 
     def _log_window(self, window: dict, loss: float, lr: float) -> None:
         """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;

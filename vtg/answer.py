@@ -9,6 +9,11 @@ import math
 import re
 
 ANSWER_TEMPLATE = "{start:.1f} - {end:.1f} seconds"
+PARSER_VERSION = "1"
+"""Bump when `parse_answer` reads any text differently: evaluation's harness card carries it, so scores parsed by
+two versions are never ranked against each other."""
+PARSER_RULE = ("the earliest span in the answer (`X - Y seconds`, `from X to Y`, `between X and Y`, `[X, Y]`, "
+               "mm:ss); a reversed pair swapped; no span: IoU 0")
 
 # A time: seconds (`12`, `12.5`), `mm:ss(.ff)` or `hh:mm:ss(.ff)`.
 _NUM = r"(?<![\d.:])(\d+(?::\d{1,2}){0,2}(?:\.\d+)?)(?![\d:])"

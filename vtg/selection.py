@@ -7,8 +7,12 @@ checkpoint among the SFT ones) both rank with it. A result is evaluation's resul
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from pathlib import Path
+
+from vtg.harness import card_of, require_comparable
 
 SELECTION_SPLIT = "val"
 HELDOUT_SPLIT = "test"
@@ -35,10 +39,52 @@ def order_key(result: dict) -> tuple[int, int]:
     return (STAGES.index(stage) if stage in STAGES else len(STAGES), int(result["step"]))
 
 
+LOWER_IS_BETTER = frozenset({"eval_loss"})
+"""Selection metrics minimised (every other one is maximised)."""
+
+
 def rank_key(result: dict, select: str) -> tuple[float, float, tuple[int, int]]:
+    """Higher ranks better: the selection metric (negated when lower is better), then mIoU, then the later
+    checkpoint."""
     m = result["summary"]["model"]
-    return (m[select], m["miou"], order_key(result))
+    value = m[select]
+    return (-value if select in LOWER_IS_BETTER else value, m["miou"], order_key(result))
 
 
 def pick_best(results: Sequence[dict], select: str) -> dict | None:
+    """The best result by `select`; refuses (`vtg.harness.HarnessMismatch`) to rank results whose harness cards
+    differ."""
+    require_comparable([(checkpoint_label(r), card_of(r)) for r in results], "rank")
     return max(results, key=lambda r: rank_key(r, select)) if results else None
+
+
+def train_loss_of(result: dict) -> float:
+    """The training loss a result's checkpoint was saved at (meta.json's mean over the steps since the previous
+    checkpoint; NaN when unknown)."""
+    value = result.get("train_loss")
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def overfit_signal(results: Sequence[dict], patience: int) -> dict | None:
+    """Overfitting, from one training run's evaluated SFT checkpoints on one split: the eval loss rose at each
+    of the last `patience` evaluations (each higher than the one before) while the training loss fell over the
+    same checkpoints. Returns what was seen (steps, both losses, the lowest-loss checkpoint) or None."""
+    sft = sorted((r for r in results if checkpoint_stage(r) == DEFAULT_STAGE), key=order_key)
+    if len(sft) < patience + 1:
+        return None
+    span = sft[-(patience + 1):]
+    val = [float(r["summary"]["model"].get("eval_loss", math.nan)) for r in span]
+    train = [train_loss_of(r) for r in span]
+    rising = all(b > a for a, b in itertools.pairwise(val))
+    falling = all(math.isfinite(t) for t in train) and train[-1] < train[0]
+    if not (rising and falling):
+        return None
+    lowest = min(sft, key=lambda r: float(r["summary"]["model"].get("eval_loss", math.inf)))
+    return {"split": span[-1].get("split"), "patience": patience, "steps": [int(r["step"]) for r in span],
+            "eval_loss": val, "train_loss": train, "step": int(span[-1]["step"]),
+            "lowest_eval_loss_checkpoint": checkpoint_label(lowest), "lowest_eval_loss_step": int(lowest["step"]),
+            "message": (f"overfitting: {span[-1].get('split')} eval loss rose at {patience} consecutive "
+                        f"checkpoints (steps {', '.join(str(int(r['step'])) for r in span)}: "
+                        f"{' -> '.join(f'{v:.4f}' for v in val)}) while the training loss fell "
+                        f"({train[0]:.4f} -> {train[-1]:.4f}); the lowest eval loss was at "
+                        f"{checkpoint_label(lowest)}")}

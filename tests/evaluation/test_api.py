@@ -19,6 +19,8 @@ from vtg.checkpoints import BEST_POINTER, export_dir, resolve_checkpoint
 from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.harness import HarnessMismatch, card_digest
+from vtg.selection import pick_best
 from vtg.lineage import TAG_CHECKPOINT, TAG_DATA_VERSION, TAG_STAGE, TAG_STEP, TAG_TRAIN_RUN
 
 pytestmark = pytest.mark.slow
@@ -77,6 +79,19 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
         assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
         assert run.data.tags[TAG_DATA_VERSION] == "fixture-data"
         assert run.data.metrics["eval/val/r1_at_0.7"] == s["model"]["r1@0.7"]
+        # every metric carries its harness card and its interval: in the result, MLflow and the report
+        card, ci = s["harness"], s["intervals"]
+        assert card["protocol"] == "windowed" and card["data"]["queries"] == 4 and card["data"]["split"] == "val"
+        assert card["decoding"] == {"strategy": "greedy", "max_new_tokens": 12}
+        assert "{query}" in card["prompt"]["text"] and card["model"]["family"] == "qwen2_5_vl"
+        assert card["frames"]["per_query"]["max"] >= card["frames"]["per_query"]["min"] > 0
+        for m in ("miou", "r1@0.3", "r1@0.5", "r1@0.7"):
+            lo, hi = ci["model"][m]
+            assert lo <= s["model"][m] <= hi
+            assert ci["visual_gain"][m]["delta"] == pytest.approx(s["visual_gain"][m])
+        assert run.data.tags["vtg.harness"] == card_digest(card)
+        assert run.data.metrics["eval/val/miou_ci_low"] == ci["model"]["miou"][0]
+        assert "Harness card" in html and "95% CI" in html
     trained = results[1].metrics
     assert trained["parse_failure_rate"] < 1, "30 steps of training should teach the answer format"
 
@@ -86,7 +101,9 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
 
     # Stage outputs: the last evaluated checkpoint, and the step curve over both.
     out = Path(cfg.evaluate.out_dir)
-    assert json.loads((out / "metrics.json").read_text())["step"] == 30
+    published = json.loads((out / "metrics.json").read_text())
+    assert published["step"] == 30 and published["harness"] == results[1].result["summary"]["harness"]
+    assert published["intervals"]["model"]["miou"] == results[1].result["summary"]["intervals"]["model"]["miou"]
     rows = list(csv.DictReader((out / "steps.csv").open()))
     assert [int(r["step"]) for r in rows] == [0, 30] and "prior_r1@0.7" in rows[0]
     for f in ("report.html", "step_curve.png", "iou_hist.png", "timelines.png", "baselines.png", "predictions.jsonl"):
@@ -200,3 +217,18 @@ def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):
     assert res.result["summary"]["counts"]["scored"] == 4 and set(res.result["summary"]["baselines"]) == {"prior"}
     assert res.result["mlflow_run_id"] is None and res.selection["best"] == str(ckpt)
     assert resolve_checkpoint(root / "out" / BEST_POINTER) == ckpt and len(_eval_runs(env["client"])) == runs
+
+
+def test_eval_loss_selects_the_lowest_and_cards_that_differ_are_not_ranked(env):
+    """`select_metric: eval_loss` is minimised; a result measured with other decoding settings (an ad-hoc
+    evaluation with max_new_tokens 6) is refused by selection, and the message names the field."""
+    cfg = env["cfg"]
+    results = [evaluate_checkpoint(c, "val", cfg).result for c in env["ckpts"]]
+    losses = [r["summary"]["model"]["eval_loss"] for r in results]
+    assert losses[1] < losses[0], "30 steps of training should lower the eval loss"
+    assert pick_best(results, "eval_loss") is results[1]
+    assert pick_best(list(reversed(results)), "eval_loss") is results[1]
+    other = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"max_new_tokens": 6})})
+    odd = evaluate_checkpoint(env["ckpts"][0], "val", other, adhoc=True).result
+    with pytest.raises(HarnessMismatch, match=r"decoding\.max_new_tokens: 12 vs 6"):
+        pick_best([results[1], odd], "r1@0.5")

@@ -94,6 +94,8 @@ class StageMLflow(Callback):
 
         if self.run is not None:
             mlflow.log_metrics(self.end_metrics(summary))
+            if summary.get("early_stop"):  # train.early_stop ended the run on the overfitting signal
+                mlflow.set_tag("vtg.early_stop", str(summary["early_stop"].get("message", ""))[:500])
             mlflow.end_run(status="FINISHED" if summary.get("completed") else "KILLED")
             self.run = None
 

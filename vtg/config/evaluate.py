@@ -37,7 +37,16 @@ class EvaluateConfig(Section):
     prior_grid: int = Field(20, ge=2)
     """The prior searches normalized (start, end) on a grid of this many steps per axis."""
     select_metric: str = "r1@0.7"
-    """Metric that picks the best checkpoint (`miou` or `r1@<threshold>`)."""
+    """Metric that picks the best checkpoint (`miou` or `r1@<threshold>`: highest wins; `eval_loss`: the
+    answer tokens' teacher-forced loss on the split, lowest wins)."""
+    bootstrap_resamples: int = Field(1000, ge=0)
+    """Bootstrap resamples of the queries behind every metric's interval and every comparison's paired interval
+    of the difference (`evaluation.intervals`; 0: no intervals)."""
+    confidence: float = Field(0.95, gt=0, lt=1)
+    """Coverage of the bootstrap intervals."""
+    overfit_patience: int = Field(3, ge=1, json_schema_extra=NOT_OUTPUT)
+    """Overfitting signal: the split's eval loss rose at this many consecutive evaluated SFT checkpoints while
+    the training loss fell (a warning in the log, MLflow and the report; `train.early_stop` acts on it)."""
     registry_alias: str = Field("best", json_schema_extra=NOT_OUTPUT)
     """Alias of the best checkpoint's version in the MLflow model registry."""
     report_samples: int = Field(12, ge=0)
@@ -51,7 +60,7 @@ class EvaluateConfig(Section):
             raise ValueError(f"iou_thresholds must lie in (0, 1], got {self.iou_thresholds}")
         if len(self.length_edges_s) != 2 or not 0 < self.length_edges_s[0] < self.length_edges_s[1]:
             raise ValueError(f"length_edges_s must be two increasing positive numbers, got {self.length_edges_s}")
-        known = ["miou"] + [f"r1@{t:g}" for t in self.iou_thresholds]
+        known = ["miou", "eval_loss"] + [f"r1@{t:g}" for t in self.iou_thresholds]
         m = re.fullmatch(r"r1@([\d.]+)", self.select_metric)
         if m:
             self.__dict__["select_metric"] = f"r1@{float(m.group(1)):g}"

@@ -117,6 +117,11 @@ class TrainConfig(RunControl):
     a CPU or an unknown GPU no MFU is logged."""
     save_every: int = Field(500, ge=1, json_schema_extra=RUN_LENGTH)
     """Checkpoint every N steps."""
+    early_stop: bool = Field(False, json_schema_extra=RUN_LENGTH)
+    """End SFT cleanly on the overfitting signal: after each checkpoint it is evaluated on val (stored, reused by
+    the evaluator and the evaluate stage) and the run stops once the val eval loss rose at
+    `evaluate.overfit_patience` consecutive checkpoints while the training loss fell (training/early_stop.py;
+    the decision is kept in `<out_dir>/early_stop.json`, so a rerun does not train on)."""
 
     @model_validator(mode="after")
     def _check(self):

@@ -1,0 +1,53 @@
+"""`train.early_stop` on a planted overfit: 8 training queries, many steps. The validation loss rises while the
+training loss falls; the run ends cleanly on the signal, records why, and a rerun does not train on. Selection
+by `eval_loss` then picks the lowest-loss checkpoint among those it wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from train_fixtures import train_config, write_fixture_shards
+
+from evaluation.api import curve_runs, evaluate_checkpoint
+from training.early_stop import EARLY_STOP_FILE
+from training.loop import train
+from vtg.checkpoints import list_checkpoints, read_checkpoint_meta
+from vtg.selection import pick_best
+
+pytestmark = pytest.mark.slow
+
+
+def test_early_stop_ends_an_overfitting_run_and_a_rerun_does_not_train_on(tmp_path):
+    shards = write_fixture_shards(tmp_path / "shards", n_train=4, n_val=6, shards_per_split=1, seed=3)
+    sft = tmp_path / "sft"
+    cfg = train_config(shards, sft, "train.max_steps=400", "train.save_every=20", "train.keep_last=50",
+                       "train.early_stop=true", "train.lr=3e-3", "train.warmup_ratio=0.02",
+                       f"evaluate.shards_dir={shards}", f"evaluate.out_dir={tmp_path / 'eval'}",
+                       f"evaluate.store_dir={tmp_path / 'store'}", "evaluate.baselines=[]",
+                       "evaluate.batch_size=12", "evaluate.max_new_tokens=12", "evaluate.overfit_patience=2",
+                       "evaluate.select_metric=eval_loss", "evaluate.bootstrap_resamples=0")
+    summary = train(cfg)
+    early = summary["early_stop"]
+    assert early is not None, f"no overfitting signal in 400 steps (losses {summary['losses'][::20]})"
+    stopped = summary["step"]
+    print(f"early stop at step {stopped}: val eval loss {early['eval_loss']}, train loss {early['train_loss']}")
+    assert stopped == early["step"] < 400 and summary["completed"]
+    assert early["eval_loss"][0] < early["eval_loss"][1] < early["eval_loss"][2]  # rose twice in a row
+    assert early["train_loss"][-1] < early["train_loss"][0]  # while the training loss fell
+    marker = json.loads((sft / EARLY_STOP_FILE).read_text())
+    assert marker["step"] == stopped and "overfitting" in marker["message"]
+    written = list_checkpoints(sft)
+    assert read_checkpoint_meta(written[-1])["step"] == stopped
+
+    # every checkpoint was evaluated on val while training ran; the store holds them for the evaluate stage
+    results = [evaluate_checkpoint(c, "val", cfg, refresh=False) for c in written]
+    assert all(r.reused for r in results)
+    best = pick_best(curve_runs(cfg, results[-1].result), "eval_loss")
+    assert best["step"] == early["lowest_eval_loss_step"] < stopped
+    assert best["summary"]["model"]["eval_loss"] == min(r.metrics["eval_loss"] for r in results)
+
+    # a rerun of the same run (train.resume=auto) finds it ended and trains nothing
+    again = train(cfg)
+    assert again["step"] == stopped and again["losses"] == summary["losses"] and again["early_stop"]["step"] == stopped
+    assert list_checkpoints(sft) == written
