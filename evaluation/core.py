@@ -59,7 +59,8 @@ def fit_prior_from_train(cfg: EvaluateConfig) -> tuple[tuple[float, float], dict
     return span, fit
 
 
-def _load(hf_dir: str | Path, device: str):
+def load_export(hf_dir: str | Path, device: str):
+    """(model, tokenizer) of an HF export; a broken one is one clear `VTGError`."""
     from vtg.model.modeling import load_model_and_tokenizer
 
     try:
@@ -140,7 +141,7 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
     shards = list_shards(cfg.shards_dir, split)
-    model, tokenizer = _load(hf_dir, device)
+    model, tokenizer = load_export(hf_dir, device)
     stats = ReadStats()
     acc = _stream(model, tokenizer, iter_examples(shards, stats, cfg.max_examples), cfg, device)
     examples = acc["meta"]

@@ -20,8 +20,8 @@ from vtg.cli_common import run_cli
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.harness import HarnessMismatch, card_digest
-from vtg.selection import pick_best
 from vtg.lineage import TAG_CHECKPOINT, TAG_DATA_VERSION, TAG_STAGE, TAG_STEP, TAG_TRAIN_RUN
+from vtg.selection import pick_best
 
 pytestmark = pytest.mark.slow
 

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError, model_validator
 
 from vtg.config._base import Section
+from vtg.config.benchmark import BenchmarkConfig
 from vtg.config.corpus import CorpusConfig
 from vtg.config.evaluate import EvaluateConfig
 from vtg.config.ingest import IngestConfig
@@ -32,6 +33,7 @@ from vtg.errors import ConfigError
 from vtg.util import flatten
 
 __all__ = [
+    "BenchmarkConfig",
     "ConfigError",
     "CorpusConfig",
     "EvaluateConfig",
@@ -65,6 +67,8 @@ class PipelineConfig(Section):
     """GRPO post-training after SFT (temporal-IoU reward)."""
     evaluate: EvaluateConfig = EvaluateConfig()
     """Per-checkpoint evaluation."""
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    """The benchmark protocol: whole videos, standard formats, comparable harnesses."""
     tracking: TrackingConfig = TrackingConfig()
     """MLflow tracking."""
     orchestration: OrchestrationConfig = OrchestrationConfig()

@@ -1,0 +1,34 @@
+"""`benchmark`: the benchmark protocol (`python -m evaluation.benchmark`): whole source videos, standard formats."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from vtg.config._base import NOT_OUTPUT, Section
+
+
+class BenchmarkConfig(Section):
+    records: str = "data/benchmark/records.jsonl"
+    """Canonical records of the benchmark's queries: `python -m ingest ingest.annotations=[<Charades-STA .txt,
+    ActivityNet .json, QVHighlights .jsonl>] ingest.video_root=<its videos> ingest.out=<this file>` writes them."""
+    profile: Literal["full_video", "lmms_eval_charades"] = "full_video"
+    """`full_video`: the whole video, frames by the model family's sampling policy (2 fps within its frame bounds)
+    under `max_frames`/`max_video_tokens`, the model's own prompt and answer parser. `lmms_eval_charades`:
+    lmms-eval's Charades-STA task as data (32 uniform frames, its prompt, its parser and its rule that an answer
+    without a time pair scores 0, its metric names in percent; evaluation/profiles/)."""
+    max_frames: int = Field(0, ge=0)
+    """`full_video`: at most this many frames per video (0: the family's own maximum)."""
+    max_video_tokens: int = Field(0, ge=0)
+    """`full_video`: fewer frames while a video would pass this many video tokens (0: none; TimeLens evaluates
+    with 14,336)."""
+    max_new_tokens: int = Field(32, ge=1)
+    """`full_video`: generated tokens per answer (profiles from another harness bring their own)."""
+    max_examples: int = Field(0, ge=0)
+    """Score only the first N records (0: all)."""
+    batch_size: int = Field(4, ge=1, json_schema_extra=NOT_OUTPUT)
+    """Videos per generation batch."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", json_schema_extra=NOT_OUTPUT)
+    """`auto` (cuda when available), `cpu`, `cuda` or `cuda:<i>`."""
+    out_dir: str = Field("reports/benchmark", json_schema_extra=NOT_OUTPUT)
+    """metrics.json (with its harness card and intervals), predictions.jsonl and summary.md per checkpoint and
+    profile: `<out_dir>/<checkpoint>-<profile>/`."""
