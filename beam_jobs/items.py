@@ -89,3 +89,16 @@ def pick(values, default=None):
     values = list(values)
     errors = sorted(v for v in values if isinstance(v, StepError))
     return errors[0] if errors else (values[0] if values else default)
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """The annotation audit's verdict on one query that reached a split (`beam_jobs.audit`)."""
+
+    annotation_id: str
+    video_id: str
+    split: str
+    flags: dict | None
+    """{flag: detail} (empty: nothing doubtful); None when the audit raised for the video."""
+    filtered: str | None = None
+    """`audit_<flag>` when `preprocess.audit.filter` filtered it."""

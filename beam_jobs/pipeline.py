@@ -1,9 +1,10 @@
 """The preprocess pipeline graph: records + videos -> shards, manifest.json, dead_letter.jsonl, plot.
 
-    ReadRecords -> GroupByVideo -> ProcessVideo (decode once: scenes, windows, frames, quality)
+    ReadRecords -> GroupByVideo -> ProcessVideo (decode once: scenes, windows, frames, quality, audit flags)
                                      |-> VideoDedup (MinHash LSH bands, GroupByKey, Jaccard, clusters)
     ReadRecords -> QueryDedup, TextBias (cross-fitted blind predictor)
-    join by annotation, then by video -> Assemble (drops, partition) -> WriteShards -> Finalize
+    join by annotation, then by video (+ ProcessVideo's audit) -> Assemble (drops, partition, audit rows)
+    -> WriteShards -> Finalize
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import json
 import apache_beam as beam
 
 from beam_jobs import summary
+from beam_jobs.audit import AUDIT_LOG, manifest_entry
 from beam_jobs.items import pick
 from beam_jobs.sink import AssembleFn, WriteShards, write_text
 from beam_jobs.text_bias import plot_location_bias
 from beam_jobs.transforms import (
+    AUDIT,
     DEAD,
     DIGEST,
     ERROR,
@@ -54,7 +57,7 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
               | "KeyByVideo" >> beam.Map(lambda r: (r.video_id, r))
               | "GroupByVideo" >> beam.GroupByKey()
               | "ProcessVideo" >> beam.ParDo(ProcessVideoFn(cfg, progress_dir)).with_outputs(
-                  DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, main="windows"))
+                  DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, AUDIT, main="windows"))
     d = cfg.dedup
     video_items = videos[SIG] | "VideoDedupItems" >> beam.FlatMap(
         guarded("video_dedup", lambda sig: [video_dedup_items(sig)], lambda sig: sig.video_id)).with_outputs(
@@ -72,10 +75,10 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
                  "dup": query_dups, "bias": bias}
                 | "JoinPerAnnotation" >> beam.CoGroupByKey()
                 | "VerdictsByVideo" >> beam.FlatMap(_verdicts))
-    assembled = ({"windows": videos.windows, "cluster": clusters, "verdicts": verdicts}
+    assembled = ({"windows": videos.windows, "cluster": clusters, "verdicts": verdicts, "audit": videos[AUDIT]}
                  | "JoinPerVideo" >> beam.CoGroupByKey()
                  | "Assemble" >> beam.ParDo(AssembleFn(cfg, lineage["preprocess_version"])).with_outputs(
-                     OUTCOME, DEAD, main="samples"))
+                     OUTCOME, DEAD, AUDIT, main="samples"))
     shards = assembled.samples | "WriteShards" >> WriteShards(cfg.out_dir, cfg.samples_per_shard)
 
     bins = cfg.text_bias.histogram_bins
@@ -87,7 +90,8 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
               shards | "ShardFacts" >> beam.Map(lambda s: (summary.SHARDS, s)),
               (rec[DEAD], videos[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
               | "DeadFacts" >> beam.Map(lambda d: (summary.DEAD, d)),
-              videos[DIGEST] | "DigestFacts" >> beam.Map(lambda d: (summary.DIGESTS, d)))
+              videos[DIGEST] | "DigestFacts" >> beam.Map(lambda d: (summary.DIGESTS, d)),
+              assembled[AUDIT] | "AuditFacts" >> beam.FlatMap(summary.audit_facts))
              | "AllFacts" >> beam.Flatten())
     (facts
      | "Summarize" >> beam.CombineGlobally(SummaryFn()).without_defaults()
@@ -116,7 +120,8 @@ class SummaryFn(beam.CombineFn):
 
 
 class FinalizeFn(beam.DoFn):
-    """Writes dead_letter.jsonl, manifest.json and the location-bias plot (once, after everything)."""
+    """Writes dead_letter.jsonl, filtered.jsonl, audit.jsonl, manifest.json and the location-bias plot (once,
+    after everything)."""
 
     def __init__(self, cfg: PreprocessConfig, lineage: dict) -> None:
         self.cfg, self.lineage = cfg, lineage
@@ -134,8 +139,11 @@ class FinalizeFn(beam.DoFn):
         manifest = summary.build_manifest(
             n_inputs=facts.inputs, cells=dict(facts.cells), window_events=dict(facts.window_drops),
             shards=list(facts.shards), n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins)
+        audit_rows = sorted(facts.audit_rows, key=lambda r: (r["split"], r["video_id"], r["annotation_id"]))
+        write_text(f"{out}/{AUDIT_LOG}", "".join(json.dumps(r, sort_keys=True) + "\n" for r in audit_rows))
+        manifest["audit"] = manifest_entry(facts.audited, self.cfg.audit)
         manifest["outputs"] = {"dead_letter": DEAD_LETTER, "filtered": FILTERED_LOG,
-                               "location_bias_plot": LOCATION_PLOT}
+                               "location_bias_plot": LOCATION_PLOT, "audit": AUDIT_LOG}
         plot_location_bias(manifest["location_bias"], f"{out}/{LOCATION_PLOT}")
         write_text(f"{out}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         yield manifest["records"]

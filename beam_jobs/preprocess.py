@@ -6,6 +6,8 @@ text-answerable queries, partitions by video/duplicate cluster, and writes under
   <split>/shard-%06d.tar   WebDataset samples (one window: f000.jpg ... + json), byte-identical on rerun
   manifest.json            counts (inputs = kept + filtered + failed), drops per reason, lineage digests
   filtered.jsonl           every filtered record with its reason; dead_letter.jsonl: every failed one
+  audit.jsonl              the annotation audit: every kept query it flags (ambiguous, boundaries with no visual
+                           change, ...), counted per split in manifest.json `audit` (beam_jobs/audit.py)
   location_bias.png        normalized start/end histograms of the moments (all vs kept)
 
 Configuration comes from params.yaml (`preprocess:` section), an optional experiment and dotted overrides.
@@ -46,8 +48,13 @@ def code_version() -> str:
 
 
 def params_hash(cfg: PipelineConfig) -> str:
-    """Hash of the preprocess fields that change the shard bytes (fields marked NOT_OUTPUT left out)."""
-    return view_hash(output_view(cfg.preprocess))
+    """Hash of the preprocess fields that change the shard bytes (fields marked NOT_OUTPUT left out). The audit's
+    thresholds count only while it filters: otherwise they change its counts and list, never a shard, so another
+    threshold keeps the data version (and the checkpoints trained on it)."""
+    view = output_view(cfg.preprocess)
+    if not cfg.preprocess.audit.filter:
+        del view["audit"]
+    return view_hash(view)
 
 
 def _sha256(path: str) -> str:

@@ -5,6 +5,7 @@ small outputs (manifest.json, dead_letter.jsonl, location_bias.png). Paths go th
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import os
 import re
@@ -16,14 +17,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
-from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome, QueryItem, StepError, WindowItem, pick
+from beam_jobs.audit import filter_reason
+from beam_jobs.items import FAILED, FILTERED, KEPT, AuditRow, Outcome, QueryItem, StepError, WindowItem, pick
 from beam_jobs.partition import split_of
 from vtg.io import file_digest
 from vtg.shards import SHARD_CONTRACT, SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
-OUTCOME, DEAD = "outcome", "dead"
+OUTCOME, DEAD, AUDIT = "outcome", "dead", "audit"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -51,10 +53,11 @@ def failed(err: StepError, q: QueryItem, w: WindowItem):
 
 
 class AssembleFn(beam.DoFn):
-    """(video_id, {windows, cluster, verdicts}) -> (split, SampleMeta, jpegs) samples + record outcomes. Never a
-    crash: a StepError verdict (near-duplicate detection or text bias raised for the video or a query) or an
+    """(video_id, {windows, cluster, verdicts, audit}) -> (split, SampleMeta, jpegs) samples + record outcomes +
+    the audit's verdict (AUDIT) on every query that reaches a split. Never a crash: a StepError verdict
+    (near-duplicate detection or text bias raised for the video or a query; the audit, when it filters) or an
     exception here dead-letters the queries concerned (`processing_error`); a video's outputs are emitted only
-    once all of them were built."""
+    once all of them were built. With `audit.filter` empty the audit decides nothing."""
 
     def __init__(self, cfg, version: str) -> None:
         self.cfg, self.version = cfg, version
@@ -80,6 +83,7 @@ class AssembleFn(beam.DoFn):
             yield from (o for w in windows for q in w.queries for o in failed(canon, q, w))
             return
         verdicts = {aid: (dup, iou) for aid, dup, iou in joined["verdicts"]}
+        audit = pick(joined.get("audit", ()), {})
         split = split_of(canon, self.cfg.split_fractions)
         for w in windows:
             if canon != video_id:
@@ -96,14 +100,29 @@ class AssembleFn(beam.DoFn):
                     continue
                 reason = query_verdict(q.annotation_id, dup, iou, self.cfg.text_bias.iou_threshold,
                                        self.cfg.text_bias.enabled)
-                status = (FILTERED, reason) if reason else (KEPT, split)
                 detail = (f"of {dup}; " if reason == "duplicate_query" else "") + f"blind_iou {iou}" if reason else ""
+                if not reason:  # it reaches its split: the audit's turn
+                    if isinstance(audit, StepError) and self.cfg.audit.filter:
+                        yield from failed(audit, q, w)
+                        continue
+                    row = self._audit_row(q, w.video_id, split, audit)
+                    yield TaggedOutput(AUDIT, row)
+                    if row.filtered:
+                        reason, detail = row.filtered, json.dumps(row.flags, sort_keys=True)
+                status = (FILTERED, reason) if reason else (KEPT, split)
                 yield TaggedOutput(OUTCOME, Outcome(q.annotation_id, video_id, *status, q.span, detail))
                 if not reason:
                     kept.append(QueryMeta(text=q.text, windows=q.windows, annotation_id=q.annotation_id,
                                           text_bias_iou=iou))
             if kept:
                 yield split, (self._meta(w, kept, canon, split), w.jpegs)
+
+    def _audit_row(self, q: QueryItem, video_id: str, split: str, audit: dict | StepError) -> AuditRow:
+        """The audit's verdict on a query about to be kept (flags None: the audit raised for its video)."""
+        if isinstance(audit, StepError):
+            return AuditRow(q.annotation_id, video_id, split, None)
+        flags = audit.get(q.annotation_id, {})
+        return AuditRow(q.annotation_id, video_id, split, flags, filter_reason(flags, self.cfg.audit.filter))
 
     def _meta(self, w: WindowItem, queries: list[QueryMeta], cluster: str, split: str) -> SampleMeta:
         return SampleMeta(

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from beam_jobs.items import FAILED, FILTERED, KEPT, Outcome
+from beam_jobs.items import FAILED, FILTERED, KEPT, AuditRow, Outcome
 from beam_jobs.text_bias import histogram_bins
 from vtg.shards import SHARD_CONTRACT, data_version_of
 
@@ -30,8 +30,10 @@ def outcome_cell(o: Outcome, bins: int) -> tuple[str, str, int, int]:
     return o.status, o.reason, bs, be
 
 
-INPUTS, CELLS, FILTERED_ROWS, WINDOW_DROPS, SHARDS, DEAD, DIGESTS = (
-    "inputs", "cells", "filtered", "window_drops", "shards", "dead", "digests")
+INPUTS, CELLS, FILTERED_ROWS, WINDOW_DROPS, SHARDS, DEAD, DIGESTS, AUDITED, AUDIT_ROWS = (
+    "inputs", "cells", "filtered", "window_drops", "shards", "dead", "digests", "audited", "audit_rows")
+COUNTERS = (CELLS, WINDOW_DROPS, AUDITED)
+LISTS = (FILTERED_ROWS, SHARDS, DEAD, DIGESTS, AUDIT_ROWS)
 
 
 @dataclass
@@ -48,20 +50,24 @@ class Facts:
     dead: list = field(default_factory=list)
     digests: list = field(default_factory=list)
     """(video path, sha256) per video read."""
+    audited: Counter = field(default_factory=Counter)
+    """(split, flags or None) -> queries the audit saw (None: the audit raised for their video)."""
+    audit_rows: list = field(default_factory=list)
+    """One audit.jsonl row per flagged query."""
 
     def add(self, kind: str, value) -> None:
         if kind == INPUTS:
             self.inputs += value
-        elif kind in (CELLS, WINDOW_DROPS):
+        elif kind in COUNTERS:
             getattr(self, kind)[value] += 1
         else:
             getattr(self, kind).append(value)
 
     def merge(self, other: Facts) -> None:
         self.inputs += other.inputs
-        for name in (CELLS, WINDOW_DROPS):
+        for name in COUNTERS:
             getattr(self, name).update(getattr(other, name))
-        for name in (FILTERED_ROWS, SHARDS, DEAD, DIGESTS):
+        for name in LISTS:
             getattr(self, name).extend(getattr(other, name))
 
 
@@ -70,6 +76,14 @@ def outcome_facts(o: Outcome, bins: int):
     yield CELLS, outcome_cell(o, bins)
     if o.status == FILTERED:
         yield FILTERED_ROWS, (o.annotation_id, o.video_id, o.reason, o.detail)
+
+
+def audit_facts(row: AuditRow):
+    """An audited query's facts: its count under (split, flags), and its audit.jsonl row when flagged."""
+    yield AUDITED, (row.split, None if row.flags is None else tuple(row.flags))
+    if row.flags:
+        yield AUDIT_ROWS, {"annotation_id": row.annotation_id, "video_id": row.video_id, "split": row.split,
+                           "flags": list(row.flags), "detail": row.flags, "filtered": row.filtered}
 
 
 def location_histograms(cells: dict[tuple, int], bins: int) -> dict[str, dict[str, list[int]]]:
@@ -130,4 +144,8 @@ def summary_table(manifest: dict):
     samples = ", ".join(f"{k}={v}" for k, v in manifest["samples_per_split"].items())
     t.caption = (f"in = kept + filtered + failed: {rec['inputs']} = {rec[KEPT]} + {rec[FILTERED]} + "
                  f"{rec[FAILED]}  |  samples: {samples or 'none'}  |  {len(manifest['shards'])} shards")
+    if "audit" in manifest:
+        a = manifest["audit"]
+        t.caption += (f"  |  audit: {sum(a['flagged'].values())} of {sum(a['queries'].values())} queries "
+                      f"flagged ({a['list']})")
     return t

@@ -20,13 +20,14 @@ from beam_jobs import dedup
 from beam_jobs.items import FAILED, FILTERED, Outcome, StepError, VideoSig
 from beam_jobs.probe import DecodeError, duration_slack_s, file_sha256, local_copy
 from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, normalized_span, token_stats
-from beam_jobs.video import build_windows, decode, too_short, video_signature
+from beam_jobs.video import audit_records, build_windows, decode, too_short, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
-DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, ERROR = "dead", "outcome", "sig", "digest", "window_event", "error"
+DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, ERROR, AUDIT = ("dead", "outcome", "sig", "digest", "window_event",
+                                                          "error", "audit")
 
 
 def dead_letter(stage: str, error: str, record: CanonicalRecord | None = None, line: str | None = None,
@@ -229,6 +230,16 @@ class ProcessVideoFn(beam.DoFn):
         for reason in window_drops:
             yield TaggedOutput(WINDOW_EVENT, reason)
         yield TaggedOutput(SIG, sig)
+        yield TaggedOutput(AUDIT, (video_id, self._audit(video_id, records, video)))
+
+    def _audit(self, video_id: str, records, video) -> dict | StepError:
+        """The audit's flags, or the StepError it raised: the audit never takes a video down (assembly fails the
+        video's queries only when they would be filtered by it)."""
+        try:
+            return audit_records(records, video, self.cfg)
+        except Exception as e:  # noqa: BLE001 - one bad video must never take the job down
+            log.warning("audit failed for video %s: %s: %s", video_id, type(e).__name__, e)
+            return StepError.of("audit", e)
 
     def _fail(self, records, stage: str, reason: str, e: BaseException):
         error = str(e) if isinstance(e, (DecodeError, AmbiguousVideo, DurationMismatch)) else f"{type(e).__name__}: {e}"

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from beam_jobs import frames as fr
+from beam_jobs.audit import audit_video
 from beam_jobs.dedup import video_shingles
 from beam_jobs.items import FILTERED, Outcome, QueryItem, VideoSig, WindowItem
 from beam_jobs.probe import DecodedVideo, decode_video
@@ -110,6 +111,12 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             video_path=records[0].video_path if records else "", source_fps=float(video.fps),
             frame_indices=[int(i) for i in video.cand_idx[pick]]))
     return windows, dropped, window_drops
+
+
+def audit_records(records: Sequence[CanonicalRecord], video: DecodedVideo, cfg: PreprocessConfig) -> dict:
+    """The annotation audit's flags of one video's records ({annotation_id: {flag: detail}}, flagged ones only)."""
+    return audit_video([(r.annotation_id, r.query, r.windows) for r in records], video.duration_s,
+                       detect_scenes(video, cfg), video.change, video.fps, cfg.audit, cfg.dedup.query_ngram)
 
 
 def video_signature(video_id: str, video: DecodedVideo, n_usable: int, cfg: PreprocessConfig) -> VideoSig:

@@ -31,9 +31,14 @@ ground_truth.json (schema_version 1); times in seconds, frames 0-based, `[start,
         hard_cuts       [frame]: first frame of a new scene after an abrupt cut
         gradual_transitions  [[first_frame, last_frame]] (inclusive) of each dissolve; the scene boundary it
                         straddles is in neither list of cuts
-        events          [{annotation_id, query, kind: normal|text_answerable|duplicate_query, start_s, end_s,
-                          start_frame, end_frame, color, shape, action (normal ones), of (duplicate_query: the
-                          annotation_id it repeats; same moment, same or near-same text)}]
+        events          [{annotation_id, query, kind: normal|text_answerable|duplicate_query|ambiguous_query,
+                          start_s, end_s, start_frame, end_frame, color, shape, action (all but text_answerable),
+                          of (duplicate_query: the annotation_id it repeats; same moment, same or near-same text;
+                          ambiguous_query: the annotation_id whose object does the same action here again, same or
+                          near-same text, another moment: both queries match two moments),
+                          imprecise, annotated_start_s, annotated_end_s (only a query whose annotated window is
+                          off the true one, `corpus.imprecise_fraction`: the mode early|late|wide|narrow and the
+                          window the annotation file holds; start_s/end_s stay the true event)}]
         distractors     [{color, shape, action, start_s, end_s}] moving objects no query names
         defect          {kind: none} | {kind: blurred, sigma} | {kind: dark, gain} |
                         {kind: low_res, width, height, source_width, source_height} |

@@ -27,9 +27,10 @@ def valid_items(videos: list[dict]) -> list[dict]:
     for v in videos:
         fps, duration = v["fps"], v["n_frames"] / v["fps"]
         for e in v["events"]:
-            items.append({"video_id": v["video_id"], "query": e["query"], "start": e["start_frame"] / fps,
-                          "end": e["end_frame"] / fps + e.get("end_overrun_s", 0.0), "duration": duration,
-                          "eid": e["eid"]})
+            true = (e["start_frame"] / fps, e["end_frame"] / fps + e.get("end_overrun_s", 0.0))
+            start, end = e.get("annotated_s", true)
+            items.append({"video_id": v["video_id"], "query": e["query"], "start": start, "end": end,
+                          "duration": duration, "eid": e["eid"]})
     return items
 
 

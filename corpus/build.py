@@ -14,12 +14,13 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corpus.annotations import EXTENSIONS, WRITERS, invalid_items, order_items, valid_items
+from corpus.general import write_general_suites
 from corpus.plan import corpus_counts, plan_corpus
 from corpus.render import render_video
 from vtg.config import CorpusConfig
 from vtg.errors import VTGError
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 GROUND_TRUTH = "ground_truth.json"
 UNREADABLE = {"truncated", "zero_byte", "not_video"}
 NOT_CONTENT = {"out_dir", "workers"}  # knobs that do not change a byte of the output
@@ -61,8 +62,11 @@ def _video_entry(p: dict, written: dict, ids: dict[tuple[str, int], str]) -> dic
               "start_s": e["start_frame"] / fps, "end_s": e["end_frame"] / fps}
         if "color" in e:
             ev.update(color=e["color"], shape=e["shape"], action=e["action"])
-        if e["kind"] == "duplicate_query":
+        if e["kind"] in ("duplicate_query", "ambiguous_query"):
             ev["of"] = ids[(p["video_id"], e["of_eid"])]
+        if "annotated_s" in e:
+            ev.update(imprecise=e["imprecise"], annotated_start_s=e["annotated_s"][0],
+                      annotated_end_s=e["annotated_s"][1])
         events.append(ev)
     return {
         "video_id": p["video_id"], "path": f"videos/{p['video_id']}.mp4", "fps": fps, "n_frames": p["n_frames"],
@@ -162,6 +166,7 @@ def _build(cfg: CorpusConfig, force: bool, progress: bool) -> dict:
         "clipped_annotations": sorted(clipped, key=lambda x: x["line"]),
     }
     (tmp / GROUND_TRUTH).write_text(json.dumps(gt, indent=1, sort_keys=True) + "\n")
+    write_general_suites(tmp, gt)  # the general tasks the tiny base is taught, and its retention suite
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

@@ -175,12 +175,63 @@ def plan_clean_video(cfg: CorpusConfig, index: int) -> dict:
                        "start_frame": b, "end_frame": n})
     if rng.random() < cfg.duplicate_query_fraction:
         src = int(rng.integers(len(events)))
-        q = events[src]["query"]
-        text = [q, q[0].upper() + q[1:] + ".", q.replace(" ", "  ", 1)][int(rng.integers(3))]
-        events.append({**events[src], "eid": len(events), "kind": "duplicate_query", "query": text, "of_eid": src})
+        events.append({**events[src], "eid": len(events), "kind": "duplicate_query",
+                       "query": _variant(rng, events[src]["query"]), "of_eid": src})
+    if cfg.ambiguous_query_fraction > 0 or cfg.imprecise_fraction > 0:  # their own stream: the rest stays as is
+        fault_rng = _rng(cfg.seed, 5, index)
+        if fault_rng.random() < cfg.ambiguous_query_fraction:
+            _plant_ambiguous(fault_rng, cfg, events, content, busy, (ev_lo, ev_hi))
+        if fault_rng.random() < cfg.imprecise_fraction:
+            _plant_imprecise(fault_rng, events, n, fps)
     return {"index": index, "n_frames": n, "fps": fps, "width": cfg.width, "height": cfg.height,
             "scenes": scenes, "hard_cuts": hard_cuts, "gradual_transitions": dissolves, "events": events,
             "distractors": distractors, "defect": {"kind": "none"}, "long": long}
+
+
+def _variant(rng: np.random.Generator, q: str) -> str:
+    """The same words: as written, capitalised with a full stop, or with a doubled space."""
+    return [q, q[0].upper() + q[1:] + ".", q.replace(" ", "  ", 1)][int(rng.integers(3))]
+
+
+def _plant_ambiguous(rng: np.random.Generator, cfg: CorpusConfig, events: list[dict], content: list[tuple[int, int]],
+                     busy: list[tuple[int, int]], lengths: tuple[int, int]) -> None:
+    """A normal event's object does its action again in a free span, annotated with the same words: both queries
+    now match two moments (`ambiguous_query`, `of_eid` = the first)."""
+    normal = [e for e in events if e["kind"] == "normal"]
+    if not normal:
+        return
+    src = normal[int(rng.integers(len(normal)))]
+    span = _place(rng, int(rng.integers(lengths[0], lengths[1] + 1)), content, busy) or \
+        _place(rng, lengths[0], content, busy)
+    if span is None:
+        return
+    busy.append(span)
+    events.append({**src, "eid": len(events), "kind": "ambiguous_query", "query": _variant(rng, src["query"]),
+                   "of_eid": src["eid"], "start_frame": span[0], "end_frame": span[1],
+                   "motion": _motion(rng, src["action"], cfg), "end_overrun_s": 0.0})
+
+
+IMPRECISE_MODES = ("early", "late", "wide", "narrow")
+
+
+def _plant_imprecise(rng: np.random.Generator, events: list[dict], n: int, fps: float, tries: int = 20) -> None:
+    """One normal event (no other query repeats it) gets an annotated window away from the true one: both
+    boundaries earlier or later, or each moved out or in, by 1-2.5 s, kept 0.5 s inside the video and >= 1 s long
+    (`annotated_s`; `imprecise` = the mode)."""
+    repeated = {e.get("of_eid") for e in events}
+    cands = [e for e in events if e["kind"] == "normal" and e["eid"] not in repeated and e["end_frame"] < n]
+    if not cands:
+        return
+    e = cands[int(rng.integers(len(cands)))]
+    s, t, duration = e["start_frame"] / fps, e["end_frame"] / fps, n / fps
+    for _ in range(tries):
+        mode = str(rng.choice(IMPRECISE_MODES))
+        d1, d2 = (float(x) for x in rng.uniform(1.0, 2.5, 2))
+        ds, de = {"early": (-d1, -d1), "late": (d1, d1), "wide": (-d1, d2), "narrow": (d1, -d2)}[mode]
+        a, b = round(s + ds, 3), round(t + de, 3)
+        if a >= 0.5 and b <= duration - 0.5 and b - a >= 1.0:
+            e.update(annotated_s=[a, b], imprecise=mode)
+            return
 
 
 def plan_defect_video(cfg: CorpusConfig, index: int, kind: str, clean: list[dict]) -> dict:
@@ -199,7 +250,7 @@ def plan_defect_video(cfg: CorpusConfig, index: int, kind: str, clean: list[dict
         return plan
     plan = plan_clean_video(cfg, 100_000 + index)
     plan["index"] = index
-    plan["events"] = [e for e in plan["events"] if e["kind"] != "duplicate_query"]
+    plan["events"] = [_precise(e) for e in plan["events"] if e["kind"] not in ("duplicate_query", "ambiguous_query")]
     for e in plan["events"]:
         e["end_overrun_s"] = 0.0
     params: dict = {"kind": kind}
@@ -216,6 +267,11 @@ def plan_defect_video(cfg: CorpusConfig, index: int, kind: str, clean: list[dict
     return plan
 
 
+def _precise(e: dict) -> dict:
+    """The event annotated with its true window."""
+    return {k: v for k, v in e.items() if k not in ("annotated_s", "imprecise")}
+
+
 def _trimmed(src: dict, trim: int) -> dict:
     """The plan of `src` with its first `trim` frames cut: frame indices shift, moments under 1 s drop."""
     scenes, events = [], []
@@ -225,10 +281,10 @@ def _trimmed(src: dict, trim: int) -> dict:
     for e in src["events"]:
         a, b = max(0, e["start_frame"] - trim), e["end_frame"] - trim
         if b - a >= round(src["fps"]):
-            events.append({**e, "start_frame": a, "end_frame": b, "end_overrun_s": 0.0})
+            events.append({**_precise(e), "start_frame": a, "end_frame": b, "end_overrun_s": 0.0})
     kept = {e["eid"] for e in events}
-    for e in events:  # a duplicate whose original was trimmed away is just a normal query now
-        if e["kind"] == "duplicate_query" and e["of_eid"] not in kept:
+    for e in events:  # a duplicate (or repeat) whose original was trimmed away is just a normal query now
+        if e["kind"] in ("duplicate_query", "ambiguous_query") and e["of_eid"] not in kept:
             e["kind"] = "normal"
             del e["of_eid"]
     return {**src, "n_frames": src["n_frames"] - trim, "scenes": scenes, "events": events,

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation import store, tracking
-from evaluation.core import evaluate_export
+from evaluation import forgetting, store, tracking
+from evaluation.core import evaluate_export, resolve_device
 from evaluation.metrics import metric_name
 from evaluation.registry import (
     DEFAULT_STAGE,
@@ -31,6 +31,7 @@ from vtg.config import PipelineConfig, load_config
 from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
 from vtg.io import file_digest, tree_digest, write_json_atomic
+from vtg.records import write_jsonl
 from vtg.selection import overfit_signal
 from vtg.shards import list_shards
 
@@ -133,10 +134,31 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
     }
 
 
+GENERAL_ANSWERS = "general_answers.jsonl"
+"""Per general-task item: the checkpoint's answer and whether it is right (`evaluation.forgetting`)."""
+
+
+def add_retention(summary: dict, meta: dict, ev) -> list[dict]:
+    """Put the base's general-task scores beside the checkpoint's (`summary.forgetting`: retention per task and
+    warnings, logged); returns the checkpoint's per-item answers (kept beside predictions.jsonl)."""
+    general = summary.get("forgetting") or {}
+    answers = general.pop("answers", [])
+    if "scores" not in general:
+        return answers
+    items, _ = forgetting.suite_items(ev)
+    base, why = forgetting.base_scores(meta.get("base_path"), ev, items, resolve_device(ev.device), ev.store_dir)
+    general.update(forgetting.retention(general["scores"], base, ev.forgetting.warn_below),
+                   base=Path(meta.get("base_path") or "").name or None, base_note=why)
+    for warning in general["warnings"]:
+        log.warning("%s", warning)
+    return answers
+
+
 def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: str, digests: tuple,
                   to_train_run: bool = True) -> dict:
     ev = cfg.evaluate
     summary, predictions = evaluate_export(checkpoints.export_dir(ckpt), ev, split)  # raises before anything is logged
+    general_answers = add_retention(summary, meta, ev)
     result = {**_new_result(ckpt, meta, split, cfg, key, digests), "summary": summary,
               "select_value": summary["model"][ev.select_metric]}
     entry = store.entry_dir(ev.store_dir, split, result["checkpoint_name"], key)
@@ -144,6 +166,8 @@ def _evaluate_new(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: 
     try:
         result["mlflow_run_id"] = run_id
         store.save_predictions(entry, predictions)
+        if general_answers:
+            write_jsonl(entry / GENERAL_ANSWERS, general_answers)
         past = store.history(ev.store_dir, split, result["lineage"], result["settings_hash"])
         runs = [r for r in past if order_key(r) != order_key(result)] + [result]
         write_report(entry, result, predictions, store.step_rows(runs, _metric_names(cfg), ev.select_metric),
@@ -170,7 +194,8 @@ def public_metrics(result: dict) -> dict:
             "data_version": result.get("data_version"), "settings_hash": result["settings_hash"],
             "select_metric": result["select_metric"], "model": s["model"], "counts": s["counts"],
             "baselines": {name: {m: v for m, v in b.items() if m != "fit"} for name, b in s["baselines"].items()},
-            "visual_gain": s["visual_gain"], "intervals": s.get("intervals"), "harness": s.get("harness")}
+            "visual_gain": s["visual_gain"], "intervals": s.get("intervals"), "harness": s.get("harness"),
+            "forgetting": s.get("forgetting"), "annotation_audit": s.get("annotation_audit")}
 
 
 def overfit_check(cfg: PipelineConfig, runs: list[dict]) -> dict | None:

@@ -36,6 +36,7 @@ from vtg import checkpoints
 from vtg.answer import parse_answer
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.frames import decode_at, video_facts
 from vtg.harness import FULL_VIDEO, build_card, card_digest, frame_facts
 from vtg.io import file_digest, write_json_atomic
 from vtg.queries import QueryExample
@@ -92,45 +93,6 @@ def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
     return np.unique(idx)
 
 
-def video_facts(path: str) -> tuple[int, float, int, int]:
-    """(frames, fps, height, width) as the decoder reports them."""
-    import cv2
-
-    cap = cv2.VideoCapture(path)
-    try:
-        if not cap.isOpened():
-            raise VTGError(f"{path}: cannot open the video")
-        return (int(cap.get(cv2.CAP_PROP_FRAME_COUNT)), float(cap.get(cv2.CAP_PROP_FPS)),
-                int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)))
-    finally:
-        cap.release()
-
-
-def decode_at(path: str, wanted: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """RGB frames at the wanted indices, decoded in one sequential pass (the frames actually present: a
-    container that reports more frames than it holds yields fewer)."""
-    import cv2
-
-    cap = cv2.VideoCapture(path)
-    frames, got = [], []
-    want = {int(i) for i in wanted}
-    last = int(wanted.max()) if len(wanted) else -1
-    i = 0
-    try:
-        while i <= last and cap.grab():
-            if i in want:
-                ok, bgr = cap.retrieve()
-                if ok:
-                    frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-                    got.append(i)
-            i += 1
-    finally:
-        cap.release()
-    if not frames:
-        raise VTGError(f"{path}: no frame could be decoded")
-    return np.stack(frames), got
-
-
 def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig) -> tuple[np.ndarray, list]:
     """(frames, timestamps in seconds from the video's start) of one whole video under `profile`."""
     from vtg.model.geometry import policy_frames
@@ -146,7 +108,7 @@ def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: Pipelin
         count = policy_frames(total / fps, height, width, vision.geometry, policy["fps"], policy["min_frames"],
                               most, cfg.benchmark.max_video_tokens)
     frames, got = decode_at(record.video_path, frame_indices(total, count, profile))
-    return frames, [round(i / fps, 4) for i in got]
+    return np.stack(frames), [round(i / fps, 4) for i in got]
 
 
 def _score(answer: str, windows, profile: Profile) -> tuple[tuple | None, float]:

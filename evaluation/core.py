@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from evaluation import intervals
+from evaluation import forgetting, intervals
 from evaluation.baselines import fit_prior, prior_prediction
 from evaluation.metrics import metric_name
 from evaluation.predict import predict_batch
@@ -115,6 +115,17 @@ def harness_card(model, tokenizer, cfg: EvaluateConfig, split: str, examples: li
                    "seed": intervals.SEED})
 
 
+def annotation_audit(cfg: EvaluateConfig, split: str) -> dict | None:
+    """The split's line of the preprocess annotation audit (manifest.json `audit`): queries, flagged, per flag,
+    and where the list of flagged queries is; None for shards written without the audit."""
+    audit = (read_manifest(cfg.shards_dir) or {}).get("audit")
+    if not audit:
+        return None
+    return {"split": split, "queries": audit["queries"].get(split, 0), "flagged": audit["flagged"].get(split, 0),
+            "per_flag": audit["per_flag"].get(split, {}), "filter": audit.get("filter", []),
+            "list": str(Path(cfg.shards_dir) / audit.get("list", "audit.jsonl"))}
+
+
 def metric_intervals(rows: list[dict], baseline_rows: dict[str, list[dict]], best_blind: dict[str, str],
                      cfg: EvaluateConfig) -> dict:
     """Bootstrap intervals of the model's and each baseline's metrics, and the paired interval of the visual
@@ -178,6 +189,12 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
         if prior_rows:
             pred.update(prior_pred=prior_rows[i]["pred"], prior_iou=prior_rows[i]["iou"])
         predictions.append(pred)
+    items, why = forgetting.suite_items(cfg)
+    if items:
+        general_rows = forgetting.ask(model, tokenizer, items, cfg, device, cfg.batch_size)
+        general = {**forgetting.summary(general_rows, cfg), "answers": general_rows}
+    else:
+        general = {"skipped": why}
     elapsed = time.perf_counter() - t0
     baseline_rows = {name: r for name, r in (("blank", blank_rows), ("prior", prior_rows)) if r}
     summary = {
@@ -186,6 +203,8 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
         "visual_gain": gain,
         "best_blind_baseline": best_blind,
         "intervals": metric_intervals(rows, baseline_rows, best_blind, cfg),
+        "forgetting": general,
+        "annotation_audit": annotation_audit(cfg, split),
         "harness": card,
         **breakdowns(rows, gts, [ex["source"] for ex in examples], thresholds, cfg.length_edges_s),
         "counts": {"samples": stats.samples, "queries": stats.queries, "scored": len(rows),

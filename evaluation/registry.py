@@ -88,7 +88,8 @@ def select_best(tracking: TrackingConfig, cfg: EvaluateConfig, results: Sequence
     alias to it."""
     if any(r["split"] != SELECTION_SPLIT for r in results):
         return {"best": None, "reason": f"selection happens on {SELECTION_SPLIT} only"}
-    best = pick_best([r for r in results if Path(r["checkpoint"]).is_dir()], cfg.select_metric)
+    best = pick_best([r for r in results if Path(r["checkpoint"]).is_dir()], cfg.select_metric,
+                     cfg.forgetting.min_for_selection)
     if best is None:
         return {"best": None, "reason": "no evaluated checkpoint exists any more"}
     info = {"best": best["checkpoint"], "step": best["step"], "stage": checkpoint_stage(best),

@@ -269,6 +269,40 @@ def _card_html(card: dict | None) -> str:
             f"measured under the same card.</p>{rows}<p>Prompt as the model gets it:</p><pre>{text}</pre>")
 
 
+def forgetting_table(general: dict | None) -> tuple[list[str], list[list], list[str]]:
+    """(header, rows, notes) of the general-task retention: per task n, the base's accuracy, the checkpoint's
+    with its interval, and retention = checkpoint / base; notes: warnings, or why nothing was measured."""
+    header = ["general task", "n", "base accuracy", "checkpoint accuracy [95% CI]", "retention"]
+    if not general or "tasks" not in general and "scores" not in general:
+        return header, [], [f"no forgetting measurement: {(general or {}).get('skipped', 'not configured')}"]
+    tasks = general.get("tasks") or general["scores"]
+    rows = [[task, t["n"], "-" if t.get("base_accuracy") is None else f"{t['base_accuracy']:.3f}",
+             format_ci(t["accuracy"], t.get("ci")),
+             "-" if t.get("retention") is None else f"{t['retention']:.2f}"] for task, t in tasks.items()]
+    notes = list(general.get("warnings") or [])
+    if general.get("base_note"):
+        notes.append(general["base_note"])
+    return header, rows, notes
+
+
+def _forgetting_html(general: dict | None) -> str:
+    header, rows, notes = forgetting_table(general)
+    text = "".join(f"<p>{html.escape(n)}</p>" for n in notes)
+    return (f"<h2>General-task retention (forgetting)</h2><p>The base model and this checkpoint answer the same "
+            f"general questions; retention = checkpoint accuracy / base accuracy.</p>"
+            f"{_table(header, rows) if rows else ''}{text}")
+
+
+def audit_line(audit: dict | None) -> str:
+    """One sentence on the preprocess annotation audit of the evaluated split (beam_jobs/audit.py)."""
+    if not audit:
+        return "Annotation audit: not run for these shards (written before the audit existed)."
+    flags = ", ".join(f"{k} {v}" for k, v in audit["per_flag"].items() if v) or "none"
+    filtered = f"; filtered before scoring: {', '.join(audit['filter'])}" if audit["filter"] else ""
+    return (f"Annotation audit of {audit['split']}: {audit['flagged']} of {audit['queries']} queries flagged "
+            f"({flags}){filtered}; the list: {audit['list']}.")
+
+
 def _overfit_html(overfit: dict | None) -> str:
     return f'<p style="color:#b00"><b>Warning:</b> {html.escape(overfit["message"])}</p>' if overfit else ""
 
@@ -299,6 +333,8 @@ Eval loss: {model.get('eval_loss', float('nan')):.4f}.</p>
 <p>Visual gain = model minus the best blind baseline per metric (with the paired bootstrap interval of the
 difference): a model that does not beat the blind baselines is reading the text, not the video.</p>
 {_comparison_html(comparison)}
+{_forgetting_html(s.get("forgetting"))}
+<h2>Annotation audit</h2><p>{html.escape(audit_line(s.get("annotation_audit")))}</p>
 {_card_html(s.get("harness"))}
 <h2>By moment length</h2>{by_len}<h2>By source</h2>{by_src}
 <h2>Plots</h2>{imgs}

@@ -36,7 +36,16 @@ from evaluation.registry import (
     pick_best,
     select_best,
 )
-from evaluation.report import RL_PLOT, card_lines, comparison_table, metric_rows, read_rl_steps, write_report
+from evaluation.report import (
+    RL_PLOT,
+    audit_line,
+    card_lines,
+    comparison_table,
+    forgetting_table,
+    metric_rows,
+    read_rl_steps,
+    write_report,
+)
 from vtg import checkpoints
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
@@ -68,7 +77,8 @@ def run_stage(cfg: PipelineConfig) -> dict:
         raise VTGError(f"no best checkpoint under {' and '.join(map(str, roots))}: {selection.get('reason')}")
     best_val = selection["result"]
     rl_best = pick_best([v.result for v in val if checkpoint_stage(v.result) != DEFAULT_STAGE
-                         and Path(v.result["checkpoint"]).is_dir()], cfg.evaluate.select_metric)
+                         and Path(v.result["checkpoint"]).is_dir()], cfg.evaluate.select_metric,
+                        cfg.evaluate.forgetting.min_for_selection)
 
     # On test: the comparison's checkpoints first, the overall best last (the stage outputs are the last one's).
     best_path = Path(selection["best"]).resolve()
@@ -181,6 +191,13 @@ def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], compar
     lines += ["", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())]
     if comparison:
         lines += ["", *comparison_markdown(comparison)]
+    header, rows, notes = forgetting_table(s.get("forgetting"))
+    lines += ["", "## General-task retention (forgetting)", ""]
+    if rows:
+        lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    lines += [f"{'**Warning:** ' if 'retention' in n else ''}{n}" for n in notes]
+    lines += ["", "## Annotation audit", "", audit_line(s.get("annotation_audit"))]
     card = s.get("harness")
     lines += ["", "## Harness card", "", "| harness | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in card_lines(card)]

@@ -109,6 +109,8 @@ def step_rows(results: Sequence[dict], metrics: Sequence[str], select: str) -> l
         row.update({m: s["model"][m] for m in metrics})
         row["parse_failure_rate"] = s["model"].get("parse_failure_rate", 0.0)
         row["eval_loss"] = s["model"].get("eval_loss", float("nan"))
+        for task, t in ((s.get("forgetting") or {}).get("tasks") or {}).items():
+            row[f"retention_{task}"] = t["retention"] if t.get("retention") is not None else float("nan")
         row.update({f"{name}_{select}": b[select] for name, b in s["baselines"].items() if select in b})
         rows.append(row)
     return rows

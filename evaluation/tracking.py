@@ -52,6 +52,10 @@ def flat_metrics(result: dict) -> dict[str, float]:
         out.update({f"{prefix}{name}/{mlflow_key(k)}": float(v) for k, v in b.items()
                     if isinstance(v, int | float) and k != "n"})
     out.update({f"{prefix}visual_gain/{mlflow_key(k)}": float(v) for k, v in s["visual_gain"].items()})
+    for task, t in ((s.get("forgetting") or {}).get("tasks") or {}).items():
+        out[f"{prefix}general/{task}/accuracy"] = float(t["accuracy"])
+        if t.get("retention") is not None:
+            out[f"{prefix}general/{task}/retention"] = float(t["retention"])
     ci = s.get("intervals") or {}
     for k, (lo, hi) in (ci.get("model") or {}).items():
         out.update({f"{prefix}{mlflow_key(k)}_ci_low": lo, f"{prefix}{mlflow_key(k)}_ci_high": hi})
@@ -60,6 +64,12 @@ def flat_metrics(result: dict) -> dict[str, float]:
             out.update({f"{prefix}visual_gain/{mlflow_key(k)}_ci_low": entry["ci"][0],
                         f"{prefix}visual_gain/{mlflow_key(k)}_ci_high": entry["ci"][1]})
     return out
+
+
+def forgetting_tags(result: dict) -> dict[str, str]:
+    """`vtg.forgetting`: the retention warnings of the evaluation, when there are any."""
+    warnings = ((result.get("summary") or {}).get("forgetting") or {}).get("warnings")
+    return {"vtg.forgetting": "; ".join(warnings)[:500]} if warnings else {}
 
 
 def harness_tags(result: dict) -> dict[str, str]:
@@ -97,7 +107,7 @@ def start_eval_run(tracking: TrackingConfig, result: dict) -> str:
             TAG_DATA_VERSION: str(result.get("data_version") or ""), TAG_TRAIN_RUN: result.get("train_run_id") or "",
             TAG_GIT_COMMIT: git_commit(), TAG_CONFIG_HASH: result["settings_hash"],
             TAG_CHECKPOINT_DIGEST: result["checkpoint_digest"], TAG_SPLIT: result["split"],
-            TAG_CHECKPOINT_STAGE: result["stage"], **harness_tags(result),
+            TAG_CHECKPOINT_STAGE: result["stage"], **harness_tags(result), **forgetting_tags(result),
             "mlflow.note.content": f"Evaluation of {result['checkpoint']} on {result['split']}"}
     if parent := os.environ.get(ENV_PARENT_RUN_ID):
         tags["mlflow.parentRunId"] = parent

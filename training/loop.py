@@ -53,6 +53,8 @@ from vtg.model.modeling import (
     torch_dtype,
 )
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
+from vtg.model.teach import taught_base
+from vtg.model.tiny import tiny_family
 from vtg.shards import data_version
 
 log = logging.getLogger("training")
@@ -81,10 +83,12 @@ def train_hash(tcfg) -> str:
     return view_hash(trajectory_view(tcfg))
 
 
-def build_model(tcfg, device: torch.device):
-    """The model to train from `train.model.base` (the shared loader, `vtg.model.modeling`), its tokenizer told how
-    examples are encoded (every export records it), and the resolved base path."""
-    base = resolve_base(tcfg.model.base)
+def build_model(cfg: PipelineConfig, device: torch.device):
+    """The model to train from `train.model.base` (the shared loader, `vtg.model.modeling`; a tiny base first
+    taught `train.teach`'s general task), its tokenizer told how examples are encoded (every export records it),
+    and the resolved base path."""
+    tcfg = cfg.train
+    base = teach_if_tiny(cfg, resolve_base(tcfg.model.base))
     try:
         model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(tcfg.precision),
                                                     attn_implementation=tcfg.model.attn_implementation,
@@ -94,6 +98,20 @@ def build_model(tcfg, device: torch.device):
     tokenizer.init_kwargs[TIMESTAMPS_KEY] = tcfg.data.timestamps  # encode_example and every export follow it
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = tcfg.data.query_position
     return model, tokenizer, base
+
+
+def teach_if_tiny(cfg: PipelineConfig, base: str) -> str:
+    """A tiny base taught `train.teach.suite` (`vtg.model.teach`, built once and cached: every rank finds the same
+    directory); any other base, or no suite, unchanged."""
+    t, frames = cfg.train.teach, cfg.evaluate.forgetting
+    if not tiny_family(cfg.train.model.base) or not t.suite or not t.steps:
+        return base
+    if not Path(t.suite).is_file():
+        log.warning("train.teach.suite %s does not exist: the tiny base is not taught a general task, so "
+                    "forgetting has nothing to measure (build the corpus first, or set train.teach.suite=)", t.suite)
+        return base
+    return str(taught_base(base, t.suite, steps=t.steps, lr=t.lr, batch_size=t.batch_size,
+                           num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed))
 
 
 class Trainer:
@@ -110,7 +128,7 @@ class Trainer:
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
         self.callbacks = CallbackList(default_callbacks(self.cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
-        self.model, self.tokenizer, self.base_path = build_model(self.tcfg, self.dist.device)
+        self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
         self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)

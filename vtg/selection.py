@@ -8,11 +8,14 @@ checkpoint among the SFT ones) both rank with it. A result is evaluation's resul
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from vtg.harness import card_of, require_comparable
+
+log = logging.getLogger(__name__)
 
 SELECTION_SPLIT = "val"
 HELDOUT_SPLIT = "test"
@@ -51,11 +54,25 @@ def rank_key(result: dict, select: str) -> tuple[float, float, tuple[int, int]]:
     return (-value if select in LOWER_IS_BETTER else value, m["miou"], order_key(result))
 
 
-def pick_best(results: Sequence[dict], select: str) -> dict | None:
+def min_retention_of(result: dict) -> float | None:
+    """The lowest general-task retention of a result (`evaluation.forgetting`), None when not measured."""
+    value = ((result.get("summary") or {}).get("forgetting") or {}).get("min_retention")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def pick_best(results: Sequence[dict], select: str, min_retention: float = 0.0) -> dict | None:
     """The best result by `select`; refuses (`vtg.harness.HarnessMismatch`) to rank results whose harness cards
-    differ."""
+    differ. `min_retention` > 0: only results whose every general task kept at least that share of the base's
+    accuracy compete (`evaluate.forgetting.min_for_selection`); when none did, all do, with a warning."""
     require_comparable([(checkpoint_label(r), card_of(r)) for r in results], "rank")
-    return max(results, key=lambda r: rank_key(r, select)) if results else None
+    pool = list(results)
+    if min_retention > 0 and pool:
+        kept = [r for r in pool if (m := min_retention_of(r)) is not None and m >= min_retention]
+        if kept:
+            pool = kept
+        else:
+            log.warning("no checkpoint kept a general-task retention of %g or more: selecting among all", min_retention)
+    return max(pool, key=lambda r: rank_key(r, select)) if pool else None
 
 
 def train_loss_of(result: dict) -> float:

@@ -148,6 +148,7 @@ TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipelin
     "evaluate.baselines": ["prior"], "orchestration.task_retries": 0,
     "rl.max_steps": 2, "rl.queries_per_step": 2, "rl.group_size": 2, "rl.save_every": 1, "rl.max_queries": 8,
     "rl.micro_batch_size": 4, "rl.kl_every": 1, "rl.progress": False,
+    "train.teach.steps": 20, "evaluate.forgetting.max_items": 6,
 }
 
 

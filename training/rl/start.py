@@ -55,7 +55,7 @@ def best_on_val(cfg: PipelineConfig, found: list[Path]) -> Path:
         log.info("RL start candidate %s: %s on %s %.4f, mIoU %.4f%s", c.name, select, SELECTION_SPLIT,
                  res.metrics.get(select, float("nan")), res.metrics["miou"], " (stored)" if res.reused else "")
         results.append(res.result)
-    best = pick_best(results, select)
+    best = pick_best(results, select, cfg.evaluate.forgetting.min_for_selection)
     log.info("RL starts from %s (best of %d SFT checkpoints on %s by %s: %.4f)", best["checkpoint"], len(found),
              SELECTION_SPLIT, select, best["summary"]["model"][select])
     return Path(best["checkpoint"])

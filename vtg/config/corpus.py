@@ -54,6 +54,12 @@ class CorpusConfig(Section):
     """Fraction of videos with an opening title card and, separately, with closing credits (text-answerable queries)."""
     duplicate_query_fraction: float = Field(0.05, ge=0, le=1)
     """Fraction of clean videos with one query repeated (same or near-same text, same moment)."""
+    ambiguous_query_fraction: float = Field(0.0, ge=0, le=1)
+    """Fraction of clean videos where a queried object does its action a second time, later or earlier in a free
+    span, annotated with the same or near-same text (`ambiguous_query`: the query is not unique in its video)."""
+    imprecise_fraction: float = Field(0.0, ge=0, le=1)
+    """Fraction of clean videos where one query's annotated window is shifted, widened or narrowed by 1-2.5 s per
+    moved boundary away from the true event (ground truth keeps both windows)."""
     annotation_format: Literal["charades", "qvhighlights", "activitynet", "jsonl"] = "qvhighlights"
     """Which real annotation format the corpus writes (ingest reads it like real data)."""
     defect_fraction: float = Field(0.1, ge=0, le=0.5)

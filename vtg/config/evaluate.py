@@ -8,6 +8,27 @@ from pydantic import Field, model_validator
 from vtg.config._base import NOT_OUTPUT, Section
 
 
+class ForgettingConfig(Section):
+    suite: str = "data/raw/synthetic/general/eval.jsonl"
+    """General-task items (`vtg.general_tasks` format: video or image questions, multiple choice or short answer,
+    scored exactly) asked of the base model and of every evaluated checkpoint; retention per task = checkpoint
+    accuracy / base accuracy. Empty, or a file that does not exist: no forgetting measurement (the result says
+    why)."""
+    num_frames: int = Field(8, ge=1)
+    """Frames per clip, spread uniformly over the item's [start_s, end_s) (also what `train.teach` teaches with)."""
+    frame_size: int = Field(56, ge=16)
+    """Frames are resized like the shards' (about frame_size^2 pixels, aspect kept; also `train.teach`'s)."""
+    max_new_tokens: int = Field(8, ge=1)
+    """Generated tokens per answer."""
+    max_items: int = Field(0, ge=0)
+    """Ask only the first N items (0: all)."""
+    warn_below: float = Field(0.9, ge=0)
+    """Warn (log, MLflow tag, report) when a task's retention falls below this."""
+    min_for_selection: float = Field(0.0, ge=0)
+    """Best-checkpoint selection skips checkpoints whose lowest task retention is below this (0: no such rule;
+    when no checkpoint qualifies, selection says so and uses all)."""
+
+
 class EvaluateConfig(Section):
     split: Literal["val", "test"] = Field("val", json_schema_extra=NOT_OUTPUT)
     """Split evaluated per checkpoint."""
@@ -44,6 +65,9 @@ class EvaluateConfig(Section):
     of the difference (`evaluation.intervals`; 0: no intervals)."""
     confidence: float = Field(0.95, gt=0, lt=1)
     """Coverage of the bootstrap intervals."""
+    forgetting: ForgettingConfig = ForgettingConfig()
+    """General-capability retention (seed 000: forgetting): the base model vs each checkpoint on a general-task
+    suite."""
     overfit_patience: int = Field(3, ge=1, json_schema_extra=NOT_OUTPUT)
     """Overfitting signal: the split's eval loss rose at this many consecutive evaluated SFT checkpoints while
     the training loss fell (a warning in the log, MLflow and the report; `train.early_stop` acts on it)."""

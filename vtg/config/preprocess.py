@@ -128,6 +128,41 @@ class TextBiasConfig(Section):
     """Bins of the location-bias histogram (normalized start/end)."""
 
 
+AuditFlag = Literal["ambiguous", "far_from_scene_change", "no_change_at_boundary", "touches_video_end", "too_long"]
+"""The annotation audit's flags (beam_jobs/audit.py has the rules); a query filtered for one has reason
+`audit_<flag>`."""
+
+
+class AuditConfig(Section):
+    ambiguous_jaccard: float = Field(0.8, gt=0, le=1)
+    """`ambiguous`: two queries of one video whose word-shingle Jaccard (`dedup.query_ngram`-word shingles, the
+    query dedup's) is at least this have the same or near-same text."""
+    ambiguous_iou: float = Field(0.5, gt=0, le=1)
+    """... and are `ambiguous` when their moments' IoU is below this (at or above it they are duplicates,
+    `dedup.query_jaccard`'s business): the text names more than one moment of the video."""
+    boundary_tolerance_s: float = Field(0.5, ge=0)
+    """`far_from_scene_change`: neither boundary within this of a detected scene change (cut or gradual
+    transition; only in videos that have one). `no_change_at_boundary`: a boundary with neither a scene change nor
+    a content change point within this."""
+    change_min: float = Field(1.0, gt=0)
+    """`no_change_at_boundary`'s content change points, from each frame's mean absolute thumbnail change from the
+    previous one (0-255, 16x16 colour thumbnails of every decoded frame): a spike is a frame whose change is at
+    least this, a step a frame where the median change after it differs from the one before it by at least this."""
+    change_ratio: float = Field(2.0, ge=1)
+    """... and a spike is at least this many times the median change before and after it (something appears or
+    disappears), a step this factor between the two medians (motion starts or stops); steady motion is neither
+    (precision and recall on planted imprecise windows: docs/stages.md, preprocess)."""
+    change_context_s: float = Field(1.0, gt=0)
+    """How far before and after a frame its medians reach."""
+    end_margin_s: float = Field(0.1, ge=0)
+    """`touches_video_end`: a moment starting within this of 0 or ending within this of the video's duration."""
+    max_fraction: float = Field(0.8, gt=0, le=1)
+    """`too_long`: a moment (first start to last end) longer than this fraction of its video."""
+    filter: list[AuditFlag] = Field(default_factory=list)
+    """Flags whose queries are filtered (reason `audit_<flag>`, the first flag of this list a query has); empty:
+    the audit only counts (manifest.json `audit`) and lists (`audit.jsonl`), every decision and shard unchanged."""
+
+
 class PreprocessConfig(Section):
     records: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)
     """Canonical records written by ingest."""
@@ -173,6 +208,9 @@ class PreprocessConfig(Section):
     """MinHash near-duplicate removal (videos and queries)."""
     text_bias: TextBiasConfig = TextBiasConfig()
     """Blind text-bias filter."""
+    audit: AuditConfig = AuditConfig()
+    """Annotation audit: ambiguous queries, boundaries away from any visual change, moments touching the video's
+    ends or spanning most of it (counted and listed; filtered only for the flags in `filter`)."""
     split_fractions: dict[str, float] = Field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     """Fractions of source videos (or duplicate clusters) per split, by a stable hash."""
     samples_per_shard: int = Field(500, ge=1)

@@ -1,0 +1,113 @@
+"""Forgetting: the corpus's general-task suites, a tiny base taught them, and retention (checkpoint accuracy / base
+accuracy) in every evaluation, its report and selection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from eval_fixtures import train_briefly
+
+from corpus import build_corpus
+from corpus.general import EVAL_FILE, GENERAL_DIR, TEACH_FILE
+from evaluation.api import evaluate_checkpoint
+from vtg.checkpoints import HF_DIR, finalize, temp_dir_for
+from vtg.config import PipelineConfig, load_config
+from vtg.errors import VTGError
+from vtg.general_tasks import is_correct, read_suite
+from vtg.model.modeling import resolve_base
+from vtg.model.teach import taught_base
+from vtg.selection import pick_best
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, shards_dir):
+    tmp = tmp_path_factory.mktemp("forget")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VTG_TINY_CACHE", str(tmp / "cache" / "tiny_models"))
+    corpus = load_config("params.yaml", None, [f"corpus.out_dir={tmp / 'synthetic'}", "corpus.n_videos=160",
+                                               "corpus.workers=1"]).corpus
+    build_corpus(corpus)
+    suite_dir = tmp / "synthetic" / GENERAL_DIR
+    base = taught_base(resolve_base("tiny"), suite_dir / TEACH_FILE, steps=300, lr=3e-3, batch_size=16,
+                       num_frames=8, frame_size=56)
+
+    def checkpoint(step: int, grounding_steps: int) -> Path:
+        root = tmp / "checkpoints" / "sft"
+        t = temp_dir_for(root, step)
+        shutil.copytree(base, t / HF_DIR)
+        if grounding_steps:
+            train_briefly(t / HF_DIR, shards_dir, grounding_steps)
+        meta = {"step": step, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
+                "finetune": "full", "base": "tiny", "base_path": str(base)}
+        return finalize(root, step, meta, {"fixture": True}, keep_last=10)
+
+    ckpts = [checkpoint(0, 0), checkpoint(200, 200)]
+    cfg = PipelineConfig.model_validate({
+        "evaluate": {"shards_dir": str(shards_dir), "out_dir": str(tmp / "eval"), "store_dir": str(tmp / "store"),
+                     "batch_size": 8, "max_new_tokens": 12, "device": "cpu", "baselines": [],
+                     "forgetting": {"suite": str(suite_dir / EVAL_FILE)}},
+        "tracking": {"enabled": False}})
+    yield {"tmp": tmp, "base": base, "suite": suite_dir, "ckpts": ckpts, "cfg": cfg}
+    mp.undo()
+
+
+def test_the_corpus_writes_teach_and_eval_suites_on_disjoint_videos(world):
+    teach, held = read_suite(world["suite"] / TEACH_FILE), read_suite(world["suite"] / EVAL_FILE)
+    assert len(teach) > 3 * len(held) > 0
+    assert {Path(i.video).name for i in teach}.isdisjoint({Path(i.video).name for i in held})
+    assert all(i.task == "color" and i.answer in i.choices and Path(i.video).is_file() for i in teach + held)
+    report = json.loads((world["base"] / "teach_report.json").read_text())
+    assert report["last10_loss"] < 0.5 * report["first10_loss"]
+
+
+def test_retention_is_reported_per_task_and_selection_can_require_it(world):
+    cfg = world["cfg"]
+    taught, grounded = (evaluate_checkpoint(c, "val", cfg, refresh=False) for c in world["ckpts"])
+    for res in (taught, grounded):
+        color = res.result["summary"]["forgetting"]["tasks"]["color"]
+        assert color["n"] == len(read_suite(world["suite"] / EVAL_FILE))
+        assert color["ci"][0] <= color["accuracy"] <= color["ci"][1]
+        assert color["retention"] == pytest.approx(color["accuracy"] / color["base_accuracy"])
+        answers = [json.loads(x) for x in (res.entry_dir / "general_answers.jsonl").read_text().splitlines()]
+        assert len(answers) == color["n"] and sum(a["correct"] for a in answers) == round(color["accuracy"] * color["n"])
+    t = taught.result["summary"]["forgetting"]
+    g = grounded.result["summary"]["forgetting"]
+    print(f"taught base accuracy {t['tasks']['color']['base_accuracy']:.3f}; after 200 grounding steps "
+          f"{g['tasks']['color']['accuracy']:.3f} (retention {g['min_retention']:.2f})")
+    # 300 teaching steps on ~110 items: well above chance (1 in 8 colours) on held-out videos (make run: ~0.95)
+    assert t["tasks"]["color"]["base_accuracy"] > 0.3, "the taught base answers the held-out colour questions"
+    assert t["min_retention"] == pytest.approx(1.0)  # the base itself keeps everything
+    assert g["min_retention"] < 0.9 and g["warnings"] and "retention" in g["warnings"][0]
+    html = grounded.report.read_text()
+    assert "General-task retention (forgetting)" in html and "grounding training is erasing it" in html
+    # selection: by eval loss the grounded checkpoint wins; requiring retention >= 0.9 keeps only the base
+    results = [taught.result, grounded.result]
+    assert pick_best(results, "eval_loss")["step"] == 200
+    assert pick_best(results, "eval_loss", min_retention=0.9)["step"] == 0
+
+
+def test_bad_suite_lines_are_errors_that_name_the_line(tmp_path):
+    path = tmp_path / "suite.jsonl"
+    good = {"id": "a", "task": "t", "image": "x.png", "question": "q?", "answer": "yes", "choices": ["yes", "no"]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "b", "answer": "maybe"}) + "\n")
+    with pytest.raises(VTGError, match=r"suite.jsonl:2: .*not one of the choices"):
+        read_suite(path)
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "video": "v.mp4"}) + "\n")
+    with pytest.raises(VTGError, match=r"suite.jsonl:2: .*exactly one of `video` and `image`"):
+        read_suite(path)
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(VTGError, match="appears twice"):
+        read_suite(path)
+    [item] = read_suite(_one(path, good))
+    assert is_correct(" Yes.", item) and not is_correct("yes no", item)
+
+
+def _one(path: Path, item: dict) -> Path:
+    one = path.with_name("one.jsonl")
+    one.write_text(json.dumps(item) + "\n")
+    return one

@@ -1,0 +1,139 @@
+"""General-task suites: what forgetting is measured with (seed 000: model quality "eval IoU, forgetting").
+
+Grounding SFT and RL can erase what a model could do before; a retention suite asks the base model and each
+checkpoint the same general questions and reports, per task, checkpoint accuracy / base accuracy.
+
+The format, one JSON object per line (`read_suite`):
+
+    {"id": "ev12-shape", "task": "shape",                       # unique id; tasks are reported separately
+     "video": "../videos/v0007.mp4", "start_s": 3.0, "end_s": 7.5,   # a clip of a video (path relative to
+                                                                 # the suite file's folder, or absolute) ...
+     "image": null,                                              # ... or one image instead of a video
+     "question": "What shape is the red object?",
+     "choices": ["circle", "square", "triangle"],                # multiple choice; [] for a short answer
+     "answer": "circle"}
+
+Scoring is exact: the generated text, lower-cased with surrounding spaces and final punctuation removed, must
+equal the answer normalised the same way (`is_correct`). A multiple-choice question lists its choices in the
+prompt (`prompt_text`). Frames: `num_frames` spread uniformly over [start_s, end_s) of the video (distinct frames
+only), stored like the shards' frames (about `frame_size`^2 pixels, the aspect ratio kept: `vtg.shards`), so the
+model sees them as it sees grounding windows.
+
+The embedded default's suites come from the synthetic corpus (`corpus.general`): the tiny base model is first
+taught them (`training.teach`) so that there is something to forget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from vtg.errors import VTGError
+from vtg.frames import decode_at, video_facts
+
+
+class GeneralItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    task: str
+    question: str
+    answer: str
+    choices: tuple[str, ...] = ()
+    video: str | None = None
+    start_s: float = 0.0
+    end_s: float | None = None
+    image: str | None = None
+
+    @model_validator(mode="after")
+    def _media(self) -> GeneralItem:
+        if (self.video is None) == (self.image is None):
+            raise ValueError("give exactly one of `video` and `image`")
+        if self.choices and normalize(self.answer) not in {normalize(c) for c in self.choices}:
+            raise ValueError(f"answer {self.answer!r} is not one of the choices {list(self.choices)}")
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"clip [{self.start_s}, {self.end_s}] is empty")
+        return self
+
+
+def normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower()).rstrip(".!?;:,").strip()
+
+
+def is_correct(generated: str, item: GeneralItem) -> bool:
+    return normalize(generated) == normalize(item.answer)
+
+
+def prompt_text(item: GeneralItem) -> str:
+    """The question as the model gets it (the choices listed for a multiple-choice item)."""
+    if not item.choices:
+        return item.question
+    return f"{item.question} Answer with one of: {', '.join(item.choices)}."
+
+
+def answer_text(item: GeneralItem) -> str:
+    """The target text taught for an item (`training.teach`)."""
+    return item.answer
+
+
+def read_suite(path: str | Path) -> list[GeneralItem]:
+    """The items of a suite file, media paths made absolute; a bad line is an error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise VTGError(f"{path}: no general-task suite there")
+    items, seen = [], set()
+    for no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            for key in ("video", "image"):
+                if data.get(key):
+                    data[key] = str((path.parent / data[key]).resolve())
+            item = GeneralItem.model_validate(data)
+        except ValidationError as e:
+            why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'item'}: {err['msg']}" for err in e.errors())
+            raise VTGError(f"{path}:{no}: not a general-task item ({why})") from None
+        except ValueError as e:
+            raise VTGError(f"{path}:{no}: not a general-task item ({str(e).splitlines()[0]})") from None
+        if item.id in seen:
+            raise VTGError(f"{path}:{no}: id {item.id!r} appears twice")
+        seen.add(item.id)
+        items.append(item)
+    if not items:
+        raise VTGError(f"{path}: the suite holds no item")
+    return items
+
+
+def _resize(frame: np.ndarray, frame_size: int) -> np.ndarray:
+    import cv2
+
+    from vtg.shards import stored_frame_size
+
+    w, h = stored_frame_size(frame.shape[1], frame.shape[0], frame_size)
+    return cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA) if (h, w) != frame.shape[:2] else frame
+
+
+def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np.ndarray, list[float]]:
+    """(uint8 RGB frames [T, H, W, 3], seconds from the clip's start) of an item; an unreadable file is an error."""
+    import cv2
+
+    if item.image:
+        bgr = cv2.imread(item.image)
+        if bgr is None:
+            raise VTGError(f"{item.id}: cannot read the image {item.image}")
+        return _resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), frame_size)[None], [0.0]
+    total, fps, _, _ = video_facts(item.video)
+    if fps <= 0 or total <= 0:
+        raise VTGError(f"{item.id}: cannot read the video {item.video}")
+    first = min(int(item.start_s * fps), total - 1)
+    last = min(total, int(np.ceil((item.end_s if item.end_s is not None else total / fps) * fps)))
+    wanted = np.unique(np.linspace(first, max(first, last - 1), num_frames).round().astype(int))
+    decoded, got = decode_at(item.video, wanted)
+    frames = [_resize(f, frame_size) for f in decoded]
+    times = [round((i - first) / fps, 4) for i in got]
+    return np.stack(frames), times

@@ -1,0 +1,106 @@
+"""A taught tiny base: the random-init tiny model first taught a general task (`vtg.general_tasks` suite), so that
+the embedded default has something to forget (seed 000: forgetting).
+
+A real checkpoint arrives knowing general tasks; the tiny model knows nothing, so without this step a forgetting
+measurement on the embedded default would read 0 / 0. `taught_base(base, suite, ...)` trains the base on the
+suite's items (every parameter, AdamW, teacher-forced answer tokens, the same prompt and frame handling as
+grounding: `vtg.model.processing.encode_example`) and returns the export directory. Like the tiny models it is
+built once into a cache keyed by everything that decides its weights (the base's build, the suite's bytes, the
+settings), atomically, so the train stage and the evaluator (which scores the base for retention) find the same
+directory, and a second call costs nothing. Deterministic for a given seed on one machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vtg.io import file_digest
+
+log = logging.getLogger(__name__)
+
+TEACH_VERSION = "1"
+MARKER = "teach_build.json"
+
+
+def _key(base: Path, suite: Path, settings: dict) -> str:
+    base_marker = next((p.read_text() for p in sorted(base.glob("*_build.json"))), str(base.resolve()))
+    blob = json.dumps([TEACH_VERSION, base_marker, file_digest(suite), settings], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def taught_dir(base: str | Path, suite: str | Path, settings: dict) -> Path:
+    """Where the taught base of (base, suite, settings) lives (beside the tiny models' cache)."""
+    from vtg.model.tiny import default_cache_dir
+
+    base = Path(base)
+    return default_cache_dir().parent / "taught_bases" / f"{base.name}-taught-{_key(base, Path(suite), settings)}"
+
+
+def taught_base(base: str | Path, suite: str | Path, *, steps: int, lr: float, batch_size: int, num_frames: int,
+                frame_size: int, seed: int = 0) -> Path:
+    """The export of `base` taught the items of `suite` for `steps` AdamW steps (built once, then cached)."""
+    from vtg.model.tiny import build_once
+
+    settings = {"steps": steps, "lr": lr, "batch_size": batch_size, "num_frames": num_frames,
+                "frame_size": frame_size, "seed": seed}
+    out = taught_dir(base, suite, settings)
+    marker = {"version": TEACH_VERSION, "base": Path(base).name, "suite_sha256": file_digest(suite), **settings}
+    return build_once(out, MARKER, marker, lambda tmp: _teach_into(tmp, Path(base), Path(suite), settings, marker))
+
+
+def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> None:
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from vtg.general_tasks import answer_text, load_frames, prompt_text, read_suite
+    from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
+    from vtg.model.processor_facts import save_processor_config
+
+    t0 = time.perf_counter()
+    items = read_suite(suite)
+    clips: dict[tuple, tuple] = {}
+    for item in items:  # decode each clip once (two questions share a clip)
+        where = (item.video or item.image, item.start_s, item.end_s)
+        if where not in clips:
+            clips[where] = load_frames(item, s["num_frames"], s["frame_size"])
+    torch.manual_seed(s["seed"])
+    model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    vision = VisionParams.from_model(model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model.train()
+    optim = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.98))
+    rng = np.random.default_rng(s["seed"])
+    losses = []
+    for step in range(s["steps"]):
+        batch = []
+        for i in rng.choice(len(items), size=min(s["batch_size"], len(items)), replace=False):
+            item = items[i]
+            frames, times = clips[(item.video or item.image, item.start_s, item.end_s)]
+            batch.append(encode_example(tokenizer, frames, times, prompt_text(item), answer_text(item), vision=vision,
+                                        key=item.id))
+        inputs = model_inputs(collate(batch, pad))  # with the labels: the answer tokens only
+        lr = s["lr"] * min(1.0, (step + 1) / max(1, s["steps"] // 10))  # linear warmup over a tenth
+        for group in optim.param_groups:
+            group["lr"] = lr
+        loss = model(**inputs).loss
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(loss.item())
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_processor_config(model, tmp)
+    log.info("taught the base %s on %d general-task items in %d steps (loss %.3f -> %.3f, %.0f s)", base.name,
+             len(items), s["steps"], np.mean(losses[:10]), np.mean(losses[-10:]), time.perf_counter() - t0)
+    (tmp / "teach_report.json").write_text(json.dumps(
+        {"items": len(items), "clips": len(clips), "first10_loss": float(np.mean(losses[:10])),
+         "last10_loss": float(np.mean(losses[-10:])), "seconds": time.perf_counter() - t0}, indent=1) + "\n")
+    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
