@@ -77,7 +77,8 @@ def _stream(model, tokenizer, examples: Iterator[QueryExample], cfg: EvaluateCon
     """One pass over the split, batch by batch (frames are dropped after each batch): answers and losses of the
     model and, when configured, of the model on blank frames, plus the light per-query metadata."""
     blank = "blank" in cfg.baselines
-    acc = {"meta": [], "answers": [], "blank_answers": [], "loss": [0.0, 0], "blank_loss": [0.0, 0]}
+    acc = {"meta": [], "answers": [], "blank_answers": [], "loss": [0.0, 0], "blank_loss": [0.0, 0],
+           "query_loss": [], "query_tokens": []}
     with tqdm(desc="evaluating", unit="query", leave=False) as bar:
         for batch in _batched(examples, cfg.batch_size):
             for out_key, loss_key, is_blank in (("answers", "loss", False), ("blank_answers", "blank_loss", True)):
@@ -87,6 +88,9 @@ def _stream(model, tokenizer, examples: Iterator[QueryExample], cfg: EvaluateCon
                 acc[out_key].extend(out.answers)
                 acc[loss_key][0] += out.loss_sum
                 acc[loss_key][1] += out.loss_tokens
+                if not is_blank:
+                    acc["query_loss"].extend(out.losses)
+                    acc["query_tokens"].extend(out.tokens)
             acc["meta"].extend({"key": ex.key, "query": ex.query, "windows": ex.windows, "source": ex.source,
                                 "duration_s": ex.duration_s,
                                 "clip": (len(ex.frames), *ex.frames.shape[1:3], ex.duration_s)} for ex in batch)
@@ -127,17 +131,21 @@ def annotation_audit(cfg: EvaluateConfig, split: str) -> dict | None:
 
 
 def metric_intervals(rows: list[dict], baseline_rows: dict[str, list[dict]], best_blind: dict[str, str],
-                     cfg: EvaluateConfig) -> dict:
-    """Bootstrap intervals of the model's and each baseline's metrics, and the paired interval of the visual
-    gain (model minus the best blind baseline of each metric)."""
+                     cfg: EvaluateConfig, losses: tuple[list, list] = ([], [])) -> dict:
+    """Bootstrap intervals of the model's and each baseline's metrics (the model's eval loss and parse-failure
+    rate too), and the paired interval of the visual gain (model minus the best blind baseline of each metric)."""
     kw = {"thresholds": cfg.iou_thresholds, "resamples": cfg.bootstrap_resamples, "confidence": cfg.confidence}
     ious = [r["iou"] for r in rows]
+    model_ci = intervals.bootstrap(ious, **kw)
+    extra = intervals.mean_and_ratio(
+        {"parse_failure_rate": ([float(r["pred"] is None) for r in rows], None), "eval_loss": losses},
+        cfg.bootstrap_resamples, cfg.confidence)
     gain = {}
     for metric, name in best_blind.items():
         entry = intervals.paired([r["iou"] for r in baseline_rows[name]], ious, **kw).get(metric)
         if entry:
             gain[metric] = {**entry, "baseline": name}
-    return {"model": intervals.bootstrap(ious, **kw),
+    return {"model": {**model_ci, **extra},
             "baselines": {name: intervals.bootstrap([r["iou"] for r in b], **kw) for name, b in baseline_rows.items()},
             "visual_gain": gain}
 
@@ -202,7 +210,8 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
         "baselines": baselines,
         "visual_gain": gain,
         "best_blind_baseline": best_blind,
-        "intervals": metric_intervals(rows, baseline_rows, best_blind, cfg),
+        "intervals": metric_intervals(rows, baseline_rows, best_blind, cfg,
+                                      (acc["query_loss"], acc["query_tokens"])),
         "forgetting": general,
         "annotation_audit": annotation_audit(cfg, split),
         "harness": card,

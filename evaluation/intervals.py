@@ -50,6 +50,25 @@ def bootstrap(ious: Sequence[float], thresholds: Sequence[float], resamples: int
     return {m: _interval(v, index, confidence) for m, v in per_query_scores(ious, thresholds).items()}
 
 
+def mean_and_ratio(series: dict[str, tuple[list, list | None]], resamples: int = 1000,
+                   confidence: float = 0.95) -> dict[str, list[float]]:
+    """Intervals of other per-query statistics, resampled like the metrics: `(values, None)` is a mean (e.g. the
+    parse-failure rate), `(numerators, denominators)` a ratio of sums (the eval loss: answer-token losses over
+    answer tokens). Empty series are left out."""
+    out = {}
+    for name, (num, den) in series.items():
+        if not len(num) or resamples <= 0:
+            continue
+        index = _resample_index(len(num), resamples)
+        n = np.asarray(num, dtype=np.float64)[index].sum(axis=1)
+        d = (np.asarray(den, dtype=np.float64)[index].sum(axis=1) if den is not None
+             else np.full(resamples, float(len(num))))
+        values = n / np.maximum(d, 1e-12)
+        lo, hi = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
+        out[name] = [float(lo), float(hi)]
+    return out
+
+
 def paired(ious_a: Sequence[float], ious_b: Sequence[float], thresholds: Sequence[float], resamples: int = 1000,
            confidence: float = 0.95) -> dict[str, dict]:
     """{metric: {"delta": mean(b) - mean(a), "ci": [low, high], "excludes_zero": bool}}, the queries paired by

@@ -23,11 +23,16 @@ class BatchOutput:
     loss_sum: float
     """Sum of answer-token cross-entropies (teacher forcing)."""
     loss_tokens: int
+    losses: list[float]
+    """Per example: the sum of its answer-token cross-entropies (their sum is `loss_sum`)."""
+    tokens: list[int]
+    """Per example: its answer tokens."""
 
 
 @torch.inference_mode()
-def eval_loss(model, tokenizer, examples: list[QueryExample], device, blank: bool = False) -> tuple[float, int]:
-    """(sum of answer-token losses, number of answer tokens) for one batch."""
+def eval_loss(model, tokenizer, examples: list[QueryExample], device,
+              blank: bool = False) -> tuple[list[float], list[int]]:
+    """Per example: (sum of its answer-token losses, its number of answer tokens), for one batch."""
     vp = vision_params(model)
     encoded = [encode_example(tokenizer, frames_of(ex, blank), ex.timestamps, ex.query, answer_text(ex.windows),
                               vision=vp, key=ex.key) for ex in examples]
@@ -36,13 +41,14 @@ def eval_loss(model, tokenizer, examples: list[QueryExample], device, blank: boo
     logits = model(**batch).logits.float()
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
     mask = shift_labels != -100
-    loss = torch.nn.functional.cross_entropy(shift_logits[mask], shift_labels[mask], reduction="sum")
-    return float(loss), int(mask.sum())
+    per_token = torch.zeros(mask.shape, dtype=shift_logits.dtype, device=shift_logits.device)
+    per_token[mask] = torch.nn.functional.cross_entropy(shift_logits[mask], shift_labels[mask], reduction="none")
+    return per_token.sum(dim=1).tolist(), mask.sum(dim=1).tolist()
 
 
 def predict_batch(model, tokenizer, batch: list[QueryExample], device, max_new_tokens: int,
                   blank: bool = False) -> BatchOutput:
     """Greedy answers and the teacher-forced answer loss of one batch."""
     answers = greedy_answers(model, tokenizer, batch, device, max_new_tokens, blank=blank)
-    loss_sum, n = eval_loss(model, tokenizer, batch, device, blank=blank)
-    return BatchOutput(answers, loss_sum, n)
+    losses, tokens = eval_loss(model, tokenizer, batch, device, blank=blank)
+    return BatchOutput(answers, float(sum(losses)), int(sum(tokens)), losses, tokens)

@@ -327,7 +327,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:48%;
 <p>Checkpoint <code>{html.escape(result['checkpoint'])}</code>; data version {html.escape(str(result.get('data_version')))};
 train run {html.escape(str(result.get('train_run_id')))}. Queries scored: {c['scored']} from {c['samples']} windows
 (skipped: {html.escape(str(c['skipped'] or 'none'))}). Parse failures: {model.get('parse_failure_rate', 0):.1%} (scored as IoU 0).
-Eval loss: {model.get('eval_loss', float('nan')):.4f}.</p>
+Eval loss: {format_ci(model.get('eval_loss', float('nan')), (s.get('intervals') or {}).get('model', {}).get('eval_loss'), 4)}.</p>
 {_overfit_html(overfit)}
 <h2>Model vs blind baselines</h2>{main}
 <p>Visual gain = model minus the best blind baseline per metric (with the paired bootstrap interval of the

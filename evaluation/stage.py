@@ -25,6 +25,7 @@ from pathlib import Path
 from evaluation import store
 from evaluation.api import EvaluationResult, curve_runs, evaluate_checkpoint, public_metrics, write_curve
 from evaluation.compare import compare
+from evaluation.intervals import format_ci
 from evaluation.query_types import query_types
 from evaluation.registry import (
     DEFAULT_STAGE,
@@ -188,7 +189,9 @@ def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], compar
     lines += ["| | " + " | ".join(f"{m} [95% CI]" for m in metrics) + " |", "| --- |" + " --- |" * len(metrics)]
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     extra = {k: v for k, v in s["model"].items() if k not in metrics and isinstance(v, int | float)}
-    lines += ["", ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items())]
+    model_ci = (s.get("intervals") or {}).get("model") or {}
+    lines += ["", ", ".join(f"{k} {format_ci(v, model_ci.get(k), 4)}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in extra.items())]
     if comparison:
         lines += ["", *comparison_markdown(comparison)]
     header, rows, notes = forgetting_table(s.get("forgetting"))

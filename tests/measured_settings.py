@@ -29,5 +29,6 @@ busier, textured scenes with small objects, several events per video and 10-30 s
 (plain scenes, large objects, one event, 8-16 s) is what `load_config("params.yaml")` gives the tests that
 build the default corpus on purpose."""
 
-EVALUATE_MEASURED: dict = {"length_edges_s": [10.0, 30.0]}
-"""`evaluate` settings (the old `EvaluateConfig` defaults) of the end-to-end evaluation test's config."""
+EVALUATE_MEASURED: dict = {"length_edges_s": [10.0, 30.0], "forgetting": {"suite": ""}}
+"""`evaluate` settings (the old `EvaluateConfig` defaults) of the end-to-end evaluation test's config; no
+general-task suite (the default path is relative, and a checkout where `make run` ran holds one)."""

@@ -89,6 +89,9 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
             lo, hi = ci["model"][m]
             assert lo <= s["model"][m] <= hi
             assert ci["visual_gain"][m]["delta"] == pytest.approx(s["visual_gain"][m])
+        for extra in ("eval_loss", "parse_failure_rate"):  # not only the grounding metrics carry an interval
+            lo, hi = ci["model"][extra]
+            assert lo <= s["model"][extra] <= hi
         assert run.data.tags["vtg.harness"] == card_digest(card)
         assert run.data.metrics["eval/val/miou_ci_low"] == ci["model"]["miou"][0]
         assert "Harness card" in html and "95% CI" in html

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.intervals import aligned_ious, bootstrap, format_ci, format_delta, paired
+from evaluation.intervals import aligned_ious, bootstrap, format_ci, format_delta, mean_and_ratio, paired
 from vtg.harness import HarnessMismatch, differences, require_comparable
 from vtg.selection import overfit_signal, pick_best
 
@@ -100,3 +100,13 @@ def test_overfit_signal_needs_k_rising_val_losses_while_the_train_loss_falls():
     assert overfit_signal(flat_train, 3) is None  # both rising: not overfitting, diverging
     dip = [*runs[:4], _result(500, CARD, loss=0.74, train_loss=0.4), runs[5]]
     assert overfit_signal(dip, 3) is None
+
+
+def test_intervals_of_a_rate_and_of_a_ratio_of_sums():
+    rng = np.random.default_rng(5)
+    failed = (rng.random(300) < 0.1).astype(float).tolist()
+    losses, tokens = rng.uniform(1, 3, 300).tolist(), rng.integers(5, 15, 300).tolist()
+    ci = mean_and_ratio({"rate": (failed, None), "loss": (losses, tokens), "none": ([], None)})
+    assert set(ci) == {"rate", "loss"}
+    assert ci["rate"][0] < np.mean(failed) < ci["rate"][1]
+    assert ci["loss"][0] < sum(losses) / sum(tokens) < ci["loss"][1]

@@ -87,6 +87,10 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert ran(dvc(q, "repro")) == [] and outputs_with_symlinks(q) == []
     flow_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
     assert flow_metrics == json.loads((p / "reports/eval/metrics.json").read_text()) and flow_metrics["split"] == "test"
+    # the same card, intervals, retention and audit from both doors (the tiny base was taught, then forgot)
+    assert flow_metrics["harness"]["protocol"] == "windowed" and flow_metrics["intervals"]["model"]["miou"]
+    assert flow_metrics["forgetting"]["tasks"]["color"]["base_accuracy"] is not None
+    assert flow_metrics["annotation_audit"]["split"] == "test"
     assert (q / "reports/eval/best.json").read_text() == (p / "reports/eval/best.json").read_text()
     # one data version: the manifest's, in every checkpoint's meta and on the MLflow runs
     version = json.loads((q / "data/shards/manifest.json").read_text())["data_version"]

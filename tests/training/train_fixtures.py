@@ -58,7 +58,8 @@ def train_config(shards_dir, out_dir, *overrides: str):
     base = [f"train.shards_dir={shards_dir}", f"train.out_dir={out_dir}", "train.micro_batch_size=4",
             "train.max_steps=4", "train.save_every=2", "train.log_every=1", "train.progress=false",
             "train.data.num_workers=0", "train.data.shuffle_buffer=16", "train.data.sanity_examples=4",
-            "tracking.enabled=false", "train.guards.min_steps=1000", "train.teach.steps=0"]
+            "tracking.enabled=false", "train.guards.min_steps=1000", "train.teach.steps=0",
+            "evaluate.forgetting.suite="]  # the suites' default paths are relative: a checkout after `make run` has them
     return load_config(REPO_ROOT / "params.yaml", None, base + list(overrides))
 
 

@@ -12,7 +12,7 @@ class CorpusConfig(Section):
     """Where `videos/`, `annotations/` and `ground_truth.json` are written (built aside, then renamed in)."""
     seed: int = 0
     """Seed for everything random in the corpus: same seed -> byte-identical files."""
-    n_videos: int = Field(1200, ge=1)
+    n_videos: int = Field(2000, ge=1)
     """Clean videos at scale 1 (defective videos and near-duplicates are added on top)."""
     scale: float = Field(1.0, gt=0)
     """Multiplies the number of videos (benchmarks use larger scales)."""

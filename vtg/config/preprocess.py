@@ -211,7 +211,7 @@ class PreprocessConfig(Section):
     audit: AuditConfig = AuditConfig()
     """Annotation audit: ambiguous queries, boundaries away from any visual change, moments touching the video's
     ends or spanning most of it (counted and listed; filtered only for the flags in `filter`)."""
-    split_fractions: dict[str, float] = Field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+    split_fractions: dict[str, float] = Field(default_factory=lambda: {"train": 0.6, "val": 0.2, "test": 0.2})
     """Fractions of source videos (or duplicate clusters) per split, by a stable hash."""
     samples_per_shard: int = Field(500, ge=1)
     """Maximum samples per tar shard."""
