@@ -32,7 +32,7 @@ from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
 from vtg.io import file_digest, tree_digest, write_json_atomic
 from vtg.records import write_jsonl
-from vtg.selection import overfit_signal
+from vtg.selection import overfit_signal, train_loss_of_meta
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
         "step": int(meta["step"]), "split": split, "train_run_id": meta.get("mlflow_run_id") or None,
         "lineage": _lineage(ckpt, meta), "data_version": meta.get("data_version"),
         "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
-        "select_metric": cfg.evaluate.select_metric, "train_loss": checkpoints.train_loss_of_meta(meta),
+        "select_metric": cfg.evaluate.select_metric, "train_loss": train_loss_of_meta(meta),
     }
 
 

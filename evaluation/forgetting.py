@@ -19,7 +19,7 @@ from evaluation import intervals
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
 from vtg.general_tasks import GeneralItem, is_correct, load_frames, prompt_text, read_suite
-from vtg.io import file_digest, tree_digest, write_json_atomic
+from vtg.io import file_digest, write_json_atomic
 from vtg.queries import QueryExample
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,14 @@ def retention(checkpoint: dict[str, dict], base: dict[str, dict] | None, warn_be
     return {"tasks": tasks, "min_retention": min(ratios) if ratios else None, "warnings": warnings}
 
 
+def base_identity(base_path: str | Path) -> list:
+    """A cheap identity of a base export for the base-score cache: every file's relative path, size and
+    modification time (hashing a multi-GB base's weights on every evaluation would cost more than asking it)."""
+    root = Path(base_path)
+    return [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
+            for p in sorted(root.rglob("*")) if p.is_file()]
+
+
 def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralItem], device: str,
                 store_dir: str | Path) -> tuple[dict | None, str | None]:
     """(the base export's task scores, None) from the store or computed once; (None, why) without a base."""
@@ -97,7 +105,7 @@ def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralI
     if not base_path or not Path(base_path).is_dir():
         return None, f"the checkpoint's base ({base_path}) is not a local export: no base to compare with"
     f = cfg.forgetting
-    key = json.dumps([tree_digest(base_path), file_digest(f.suite), f.model_dump(mode="json"),
+    key = json.dumps([base_identity(base_path), file_digest(f.suite), f.model_dump(mode="json"),
                       cfg.bootstrap_resamples, cfg.confidence], sort_keys=True)
     path = Path(store_dir) / "general" / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if path.is_file():

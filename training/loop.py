@@ -41,7 +41,6 @@ from training.sanity import (
     check_tokenizer,
 )
 from vtg import lineage
-from vtg.checkpoints import TRAIN_LOSS_AVG, window_mean
 from vtg.config import PipelineConfig, config_hash
 from vtg.config._base import trajectory_view, view_hash
 from vtg.errors import VTGError
@@ -55,6 +54,7 @@ from vtg.model.modeling import (
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from vtg.model.teach import taught_base
 from vtg.model.tiny import tiny_family
+from vtg.selection import TRAIN_LOSS_AVG, window_mean
 from vtg.shards import data_version
 
 log = logging.getLogger("training")

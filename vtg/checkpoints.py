@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -68,22 +67,6 @@ BEST_POINTER = "best.json"
 SUPERSEDED = "superseded"
 REQUIRED_META = ("step", "data_version", "git_commit", "config_hash", "finetune", "base")
 FILES_KEY = "files"
-TRAIN_LOSS_AVG = "train/loss_avg"
-"""meta.json `metrics` key: the mean training loss over the steps since the previous checkpoint (at most
-`train.save_every`), which the overfitting signal compares with the eval loss (`vtg.selection.overfit_signal`)."""
-
-
-def window_mean(losses: list[float], window: int) -> float | None:
-    """Mean of the last `window` losses (None without any)."""
-    tail = [x for x in losses[-window:] if math.isfinite(x)]
-    return sum(tail) / len(tail) if tail else None
-
-
-def train_loss_of_meta(meta: dict) -> float | None:
-    """The checkpoint's training loss for the overfitting signal: `TRAIN_LOSS_AVG`, else the step's own loss."""
-    metrics = meta.get("metrics") or {}
-    value = metrics.get(TRAIN_LOSS_AVG, metrics.get("train/loss"))
-    return float(value) if isinstance(value, int | float) else None
 """meta.json key of the checkpoint's file list: [{path, size, sha256}] of every file written before meta.json."""
 
 

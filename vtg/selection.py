@@ -75,6 +75,23 @@ def pick_best(results: Sequence[dict], select: str, min_retention: float = 0.0) 
     return max(pool, key=lambda r: rank_key(r, select)) if pool else None
 
 
+TRAIN_LOSS_AVG = "train/loss_avg"
+"""meta.json `metrics` key: the mean training loss over the steps since the previous checkpoint (at most
+`train.save_every`), which the overfitting signal compares with the eval loss (`vtg.selection.overfit_signal`)."""
+
+
+def window_mean(losses: list[float], window: int) -> float | None:
+    """Mean of the last `window` losses (None without any)."""
+    tail = [x for x in losses[-window:] if math.isfinite(x)]
+    return sum(tail) / len(tail) if tail else None
+
+
+def train_loss_of_meta(meta: dict) -> float | None:
+    """The checkpoint's training loss for the overfitting signal: `TRAIN_LOSS_AVG`, else the step's own loss."""
+    metrics = meta.get("metrics") or {}
+    value = metrics.get(TRAIN_LOSS_AVG, metrics.get("train/loss"))
+    return float(value) if isinstance(value, int | float) else None
+
 def train_loss_of(result: dict) -> float:
     """The training loss a result's checkpoint was saved at (meta.json's mean over the steps since the previous
     checkpoint; NaN when unknown)."""
