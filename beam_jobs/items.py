@@ -28,6 +28,11 @@ class QueryItem:
     windows: list[tuple[float, float]]
     """Re-based to the window."""
     span: tuple[int, int]
+    annotation_file: str = ""
+    """`<format>:<path under its source's root>` (the record's)."""
+    source: str = ""
+    licence: str = ""
+    """The record's source id and licence (one video's queries may come from several sources)."""
 
 
 @dataclass
@@ -44,6 +49,7 @@ class WindowItem:
     """Scene boundaries inside the window, relative to its start."""
     queries: list[QueryItem]
     source: str
+    licence: str = ""
     video_path: str = ""
     """The source file (for dead letters; not stored in the sample)."""
     source_fps: float | None = None

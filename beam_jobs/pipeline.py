@@ -32,11 +32,13 @@ from beam_jobs.transforms import (
     TextBias,
     annotation_id_of,
     guarded,
+    licence_filter,
     query_dedup_items,
     video_dedup_items,
 )
 from vtg.config.preprocess import PreprocessConfig
 from vtg.shards import MANIFEST
+from vtg.sources import Sources
 
 DEAD_LETTER, FILTERED_LOG, LOCATION_PLOT = ("dead_letter.jsonl", "filtered.jsonl",
                                                      "location_bias.png")
@@ -49,14 +51,18 @@ def _verdicts(item):
         yield video_id, (aid, pick(j["dup"]), pick(j["bias"], 0.0))
 
 
-def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: str | None = None) -> None:
-    """Add the whole job to pipeline `p`. `lineage` goes into the manifest (version, params hash, digest)."""
+def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: str | None = None,
+          sources: Sources | None = None) -> None:
+    """Add the whole job to pipeline `p`. `lineage` goes into the manifest (version, params hash, digest);
+    `sources` (`ingest.sources`) say where the records' videos are."""
     rec = p | "ReadRecords" >> ReadRecords(cfg.records)
-    records = rec["records"]
+    licensed = rec["records"] | "LicenceFilter" >> beam.FlatMap(
+        licence_filter, frozenset(cfg.allowed_licences)).with_outputs(OUTCOME, main="records")
+    records = licensed.records
     videos = (records
               | "KeyByVideo" >> beam.Map(lambda r: (r.video_id, r))
               | "GroupByVideo" >> beam.GroupByKey()
-              | "ProcessVideo" >> beam.ParDo(ProcessVideoFn(cfg, progress_dir)).with_outputs(
+              | "ProcessVideo" >> beam.ParDo(ProcessVideoFn(cfg, progress_dir, sources)).with_outputs(
                   DEAD, OUTCOME, SIG, DIGEST, WINDOW_EVENT, AUDIT, main="windows"))
     d = cfg.dedup
     video_items = videos[SIG] | "VideoDedupItems" >> beam.FlatMap(
@@ -84,14 +90,16 @@ def build(p: beam.Pipeline, cfg: PreprocessConfig, lineage: dict, progress_dir: 
     bins = cfg.text_bias.histogram_bins
     facts = ((p | "Start" >> beam.Create([(summary.INPUTS, 0)]),  # so there is a manifest even for no input
               rec["lines"] | "LineFacts" >> beam.Map(lambda _: (summary.INPUTS, 1)),
-              (rec[OUTCOME], videos[OUTCOME], assembled[OUTCOME]) | "AllOutcomes" >> beam.Flatten()
+              (rec[OUTCOME], licensed[OUTCOME], videos[OUTCOME], assembled[OUTCOME]) | "AllOutcomes" >> beam.Flatten()
               | "OutcomeFacts" >> beam.FlatMap(summary.outcome_facts, bins),
               videos[WINDOW_EVENT] | "WindowDropFacts" >> beam.Map(lambda r: (summary.WINDOW_DROPS, r)),
               shards | "ShardFacts" >> beam.Map(lambda s: (summary.SHARDS, s)),
               (rec[DEAD], videos[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
               | "DeadFacts" >> beam.Map(lambda d: (summary.DEAD, d)),
               videos[DIGEST] | "DigestFacts" >> beam.Map(lambda d: (summary.DIGESTS, d)),
-              assembled[AUDIT] | "AuditFacts" >> beam.FlatMap(summary.audit_facts))
+              assembled[AUDIT] | "AuditFacts" >> beam.FlatMap(summary.audit_facts),
+              rec["records"] | "SourceInputFacts" >> beam.Map(summary.source_input_fact),
+              assembled.samples | "SourceKeptFacts" >> beam.FlatMap(summary.source_kept_facts))
              | "AllFacts" >> beam.Flatten())
     (facts
      | "Summarize" >> beam.CombineGlobally(SummaryFn()).without_defaults()
@@ -138,7 +146,8 @@ class FinalizeFn(beam.DoFn):
                    "videos": len(set(facts.digests))}
         manifest = summary.build_manifest(
             n_inputs=facts.inputs, cells=dict(facts.cells), window_events=dict(facts.window_drops),
-            shards=list(facts.shards), n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins)
+            shards=list(facts.shards), n_dead=len(dead), lineage=lineage, bins=self.cfg.text_bias.histogram_bins,
+            sources=dict(facts.sources))
         audit_rows = sorted(facts.audit_rows, key=lambda r: (r["split"], r["video_id"], r["annotation_id"]))
         write_text(f"{out}/{AUDIT_LOG}", "".join(json.dumps(r, sort_keys=True) + "\n" for r in audit_rows))
         manifest["audit"] = manifest_entry(facts.audited, self.cfg.audit)

@@ -38,6 +38,7 @@ from vtg.config import PipelineConfig
 from vtg.config._base import output_view, view_hash
 from vtg.errors import FULL_B, VTGError, out_of_space
 from vtg.shards import MANIFEST, SPLITS
+from vtg.sources import Sources
 
 log = logging.getLogger("beam_jobs.preprocess")
 
@@ -106,7 +107,7 @@ def run(cfg: PipelineConfig, beam_argv: list[str] | None = None, test_pipeline: 
     progress_dir = tempfile.mkdtemp(prefix="vtg-progress-") if (pp.progress and show and local) else None
     try:
         p = test_pipeline or beam.Pipeline(options=pipeline_options(cfg, beam_argv or []))
-        pipeline.build(p, pp, lin, progress_dir)
+        pipeline.build(p, pp, lin, progress_dir, Sources.of(cfg.ingest.sources))
         _run_with_progress(p, progress_dir, pp.records)
     except Exception as e:
         if local and out_of_space(e, pp.out_dir):

@@ -113,7 +113,8 @@ class AssembleFn(beam.DoFn):
                 yield TaggedOutput(OUTCOME, Outcome(q.annotation_id, video_id, *status, q.span, detail))
                 if not reason:
                     kept.append(QueryMeta(text=q.text, windows=q.windows, annotation_id=q.annotation_id,
-                                          text_bias_iou=iou))
+                                          annotation_file=q.annotation_file, source=q.source,
+                                          licence=q.licence, text_bias_iou=iou))
             if kept:
                 yield split, (self._meta(w, kept, canon, split), w.jpegs)
 
@@ -129,7 +130,7 @@ class AssembleFn(beam.DoFn):
             key=sample_key(w.video_id, w.index), video_id=w.video_id, window_index=w.index,
             window_start_s=w.start_s, window_end_s=w.end_s, frame_timestamps=w.timestamps, fps=w.fps,
             num_frames=len(w.jpegs), queries=queries, quality=w.quality, cluster_id=cluster, split=split,
-            source=w.source, preprocess_version=self.version, frame_mode=self.cfg.frame_mode,
+            source=w.source, licence=w.licence, preprocess_version=self.version, frame_mode=self.cfg.frame_mode,
             scene_cuts=w.scene_cuts, contract=SHARD_CONTRACT, source_fps=w.source_fps, frame_indices=w.frame_indices)
 
 

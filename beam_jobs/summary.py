@@ -30,9 +30,9 @@ def outcome_cell(o: Outcome, bins: int) -> tuple[str, str, int, int]:
     return o.status, o.reason, bs, be
 
 
-INPUTS, CELLS, FILTERED_ROWS, WINDOW_DROPS, SHARDS, DEAD, DIGESTS, AUDITED, AUDIT_ROWS = (
-    "inputs", "cells", "filtered", "window_drops", "shards", "dead", "digests", "audited", "audit_rows")
-COUNTERS = (CELLS, WINDOW_DROPS, AUDITED)
+INPUTS, CELLS, FILTERED_ROWS, WINDOW_DROPS, SHARDS, DEAD, DIGESTS, AUDITED, AUDIT_ROWS, SOURCES = (
+    "inputs", "cells", "filtered", "window_drops", "shards", "dead", "digests", "audited", "audit_rows", "sources")
+COUNTERS = (CELLS, WINDOW_DROPS, AUDITED, SOURCES)
 LISTS = (FILTERED_ROWS, SHARDS, DEAD, DIGESTS, AUDIT_ROWS)
 
 
@@ -54,10 +54,15 @@ class Facts:
     """(split, flags or None) -> queries the audit saw (None: the audit raised for their video)."""
     audit_rows: list = field(default_factory=list)
     """One audit.jsonl row per flagged query."""
+    sources: Counter = field(default_factory=Counter)
+    """(source, licence, "records" | split) -> records read / queries kept in that split."""
 
     def add(self, kind: str, value) -> None:
         if kind == INPUTS:
             self.inputs += value
+        elif kind == SOURCES:
+            key, n = value
+            self.sources[key] += n
         elif kind in COUNTERS:
             getattr(self, kind)[value] += 1
         else:
@@ -86,6 +91,30 @@ def audit_facts(row: AuditRow):
                            "flags": list(row.flags), "detail": row.flags, "filtered": row.filtered}
 
 
+def source_input_fact(record) -> tuple[str, tuple]:
+    """A parsed record, counted under its source and licence."""
+    return SOURCES, ((record.source, record.licence, "records"), 1)
+
+
+def source_kept_facts(sample):
+    """A written sample's queries, each counted under its source, licence and split."""
+    split, (meta, _) = sample
+    for q in meta.queries:
+        yield SOURCES, ((q.source, q.licence, split), 1)
+
+
+def source_rows(counts: dict[tuple, int]) -> list[dict]:
+    """Per (source, licence): records read and queries kept per split (the manifest's `sources`)."""
+    rows: dict[tuple[str, str], dict] = {}
+    for (source, licence, what), n in counts.items():
+        row = rows.setdefault((source, licence), {"source": source, "licence": licence, "records": 0, "kept": {}})
+        if what == "records":
+            row["records"] += n
+        else:
+            row["kept"][what] = row["kept"].get(what, 0) + n
+    return [{**r, "kept": dict(sorted(r["kept"].items()))} for _, r in sorted(rows.items())]
+
+
 def location_histograms(cells: dict[tuple, int], bins: int) -> dict[str, dict[str, list[int]]]:
     hist = {pop: {"start": [0] * bins, "end": [0] * bins} for pop in ("all", "kept")}
     for (status, _, bs, be), n in cells.items():
@@ -98,7 +127,8 @@ def location_histograms(cells: dict[tuple, int], bins: int) -> dict[str, dict[st
 
 
 def build_manifest(*, n_inputs: int, cells: dict[tuple, int], window_events: dict[str, int],
-                   shards: list[dict], n_dead: int, lineage: dict, bins: int) -> dict:
+                   shards: list[dict], n_dead: int, lineage: dict, bins: int,
+                   sources: dict[tuple, int] | None = None) -> dict:
     """Raises ReconcileError unless inputs = kept + filtered + failed and failed = dead letters."""
     by = {s: Counter() for s in (KEPT, FILTERED, FAILED)}
     for (status, reason, _, _), n in cells.items():
@@ -123,6 +153,7 @@ def build_manifest(*, n_inputs: int, cells: dict[tuple, int], window_events: dic
         "windows_dropped_per_reason": dict(sorted(window_events.items())),
         "shards": sorted(shards, key=lambda s: s["path"]),
         "location_bias": location_histograms(cells, bins),
+        "sources": source_rows(sources or {}),
     }
 
 
@@ -144,6 +175,10 @@ def summary_table(manifest: dict):
     samples = ", ".join(f"{k}={v}" for k, v in manifest["samples_per_split"].items())
     t.caption = (f"in = kept + filtered + failed: {rec['inputs']} = {rec[KEPT]} + {rec[FILTERED]} + "
                  f"{rec[FAILED]}  |  samples: {samples or 'none'}  |  {len(manifest['shards'])} shards")
+    if manifest.get("sources"):
+        t.caption += "  |  kept queries by source (licence): " + ", ".join(
+            f"{r['source']} ({r['licence'] or 'no licence'}) {sum(r['kept'].values())} of {r['records']}"
+            for r in manifest["sources"])
     if "audit" in manifest:
         a = manifest["audit"]
         t.caption += (f"  |  audit: {sum(a['flagged'].values())} of {sum(a['queries'].values())} queries "

@@ -23,6 +23,7 @@ from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, no
 from beam_jobs.video import audit_records, build_windows, decode, too_short, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord
+from vtg.sources import Sources
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
@@ -124,6 +125,18 @@ class ReadRecords(beam.PTransform):
         }
 
 
+def licence_filter(record: CanonicalRecord, allowed: frozenset[str]):
+    """A record whose source's licence is not in `preprocess.allowed_licences` (when set) is filtered
+    `licence_not_allowed`, with its source and licence; the others pass."""
+    if not allowed or record.licence in allowed:
+        yield record
+        return
+    yield TaggedOutput(OUTCOME, Outcome(record.annotation_id, record.video_id, FILTERED, "licence_not_allowed",
+                                        _span_or_none(record), f"source {record.source} is "
+                                        f"{record.licence or 'without a declared licence'}; allowed: "
+                                        f"{', '.join(sorted(allowed))}"))
+
+
 # ---------------------------------------------------------------- videos
 
 
@@ -155,9 +168,11 @@ class ProcessVideoFn(beam.DoFn):
     processed -> `processing_error` dead letters (exception type, message, stage) for all its records. A video's
     outputs are computed first and emitted only once it succeeded, so a late failure leaks no window."""
 
-    def __init__(self, cfg: PreprocessConfig, progress_dir: str | None = None) -> None:
+    def __init__(self, cfg: PreprocessConfig, progress_dir: str | None = None, sources: Sources | None = None) -> None:
         self.cfg = cfg
         self.progress_dir = progress_dir
+        self.sources = sources or Sources([])
+        """Where a record's `video_path` (relative to its source's root) is (`Sources.resolve`)."""
         self.ok = Metrics.counter(NS, "videos_decoded")
         self.failed = Metrics.counter(NS, "videos_failed")
         self.errors = Metrics.counter(NS, "videos_processing_error")
@@ -173,12 +188,13 @@ class ProcessVideoFn(beam.DoFn):
         stage = "group"
         try:
             records = sorted(records, key=lambda r: r.annotation_id)
-            paths = sorted({r.video_path for r in records})
+            paths = sorted({self.sources.resolve(r.source, r.video_path) for r in records})
             if len(paths) > 1:  # one id, two files: never merged (whose frames would the queries get?)
                 yield from self._fail(records, "group", "ambiguous_video_id", AmbiguousVideo(
                     f"video_id {video_id!r} names {len(paths)} files ({', '.join(paths)}): give each video its own id"))
                 return
             path = paths[0]
+            named = f"{records[0].source}:{records[0].video_path}"  # lineage names a video by source and path
             # the annotations' majority duration is what the file must hold (a truncated file fails against it);
             # a line that disagrees with the decoded video is rejected alone, not the video
             expected = statistics.median_low([r.duration_s for r in records])
@@ -186,7 +202,7 @@ class ProcessVideoFn(beam.DoFn):
                 stage = "read"
                 with local_copy(path) as local:
                     digest = file_sha256(local)[0] if os.path.exists(local) else "missing"
-                    yield TaggedOutput(DIGEST, (path, digest))
+                    yield TaggedOutput(DIGEST, (named, digest))
                     stage = "decode"
                     video = decode(local, self.cfg, expected_duration_s=expected)
             except (DecodeError, OSError, ValueError, cv2.error) as e:

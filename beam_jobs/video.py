@@ -82,10 +82,11 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             dropped.append(Outcome(r.annotation_id, video_id, FILTERED, "moment_crosses_window", span,
                                    f"windows {spans}"))
             continue
-        queries.setdefault(k, []).append(QueryItem(r.annotation_id, r.query, rebase(r.windows, spans[k]), span))
+        queries.setdefault(k, []).append(QueryItem(r.annotation_id, r.query, rebase(r.windows, spans[k]), span,
+                                                     r.annotation_file, r.source, r.licence))
     cand_t = video.cand_idx / video.fps
     windows, window_drops = [], []
-    source = records[0].source if records else ""
+    source = "+".join(sorted({r.source for r in records}))
     for k, (ws, we) in enumerate(spans):
         pool = fr.window_candidates(cand_t, ws, we)
         scored = fr.window_candidates(video.qual_idx / video.fps, ws, we)
@@ -108,9 +109,16 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             video_id=video_id, index=k, start_s=ws, end_s=we, timestamps=stamps,
             fps=round(len(pick) / (we - ws), 6), jpegs=jpegs, quality=scores,
             scene_cuts=[round(b - ws, 6) for b in bounds if ws < b < we], queries=queries[k], source=source,
+            licence=joined_licence(records),
             video_path=records[0].video_path if records else "", source_fps=float(video.fps),
             frame_indices=[int(i) for i in video.cand_idx[pick]]))
     return windows, dropped, window_drops
+
+
+def joined_licence(records: Sequence[CanonicalRecord]) -> str:
+    """The licences a video's frames come under: one, or an SPDX `AND` expression when its queries come from sources
+    under different licences (each query also names its own)."""
+    return " AND ".join(sorted({r.licence for r in records if r.licence}))
 
 
 def audit_records(records: Sequence[CanonicalRecord], video: DecodedVideo, cfg: PreprocessConfig) -> dict:

@@ -129,7 +129,7 @@ def _new_result(ckpt: Path, meta: dict, split: str, cfg: PipelineConfig, key: st
         "key": key, "checkpoint": str(ckpt), **checkpoint_identity(ckpt, meta), "checkpoint_digest": digests[0],
         "step": int(meta["step"]), "split": split, "train_run_id": meta.get("mlflow_run_id") or None,
         "lineage": _lineage(ckpt, meta), "data_version": meta.get("data_version"),
-        "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
+        "data_sources": meta.get("data_sources"), "eval_data_digest": digests[1], "settings_hash": settings_hash(cfg),
         "select_metric": cfg.evaluate.select_metric, "train_loss": train_loss_of_meta(meta),
     }
 

@@ -96,10 +96,12 @@ def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
 def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig) -> tuple[np.ndarray, list]:
     """(frames, timestamps in seconds from the video's start) of one whole video under `profile`."""
     from vtg.model.geometry import policy_frames
+    from vtg.sources import Sources
 
-    total, fps, height, width = video_facts(record.video_path)
+    path = Sources.of(cfg.ingest.sources).resolve(record.source, record.video_path)
+    total, fps, height, width = video_facts(path)
     if fps <= 0 or total <= 0:
-        raise VTGError(f"{record.video_path}: the decoder reports {total} frames at {fps} fps")
+        raise VTGError(f"{path}: the decoder reports {total} frames at {fps} fps")
     if profile.frames == "uniform":
         count = profile.num_frames
     else:
@@ -107,7 +109,7 @@ def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: Pipelin
         most = min(policy["max_frames"], cfg.benchmark.max_frames or policy["max_frames"])
         count = policy_frames(total / fps, height, width, vision.geometry, policy["fps"], policy["min_frames"],
                               most, cfg.benchmark.max_video_tokens)
-    frames, got = decode_at(record.video_path, frame_indices(total, count, profile))
+    frames, got = decode_at(path, frame_indices(total, count, profile))
     return np.stack(frames), [round(i / fps, 4) for i in got]
 
 
@@ -176,7 +178,7 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
             clips.append((len(frames), *frames.shape[1:3], rec.duration_s))
             batch.append(QueryExample(key=rec.annotation_id, query=profile.query_template.format(query=rec.query),
                                       windows=list(rec.windows), duration_s=rec.duration_s,
-                                      source=rec.source.split(":")[0], frames=frames, timestamps=times))
+                                      source=rec.source, frames=frames, timestamps=times))
             kept.append((rec, times))
         if not batch:
             continue

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 from evaluation.intervals import format_ci, format_delta
 from evaluation.registry import DEFAULT_STAGE
 from vtg.harness import card_digest
+from vtg.sources import describe
 
 PLOTS = ("iou_hist.png", "timelines.png", "step_curve.png", "baselines.png")
 RL_PLOT = "rl_curves.png"
@@ -325,6 +326,7 @@ def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str
 td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px}}img{{max-width:48%;margin:4px}}</style></head><body>
 <h1>Temporal grounding evaluation: {html.escape(result['checkpoint_name'])} (step {result['step']}, split {html.escape(result['split'])})</h1>
 <p>Checkpoint <code>{html.escape(result['checkpoint'])}</code>; data version {html.escape(str(result.get('data_version')))};
+trained on {html.escape(describe(result.get('data_sources') or []))};
 train run {html.escape(str(result.get('train_run_id')))}. Queries scored: {c['scored']} from {c['samples']} windows
 (skipped: {html.escape(str(c['skipped'] or 'none'))}). Parse failures: {model.get('parse_failure_rate', 0):.1%} (scored as IoU 0).
 Eval loss: {format_ci(model.get('eval_loss', float('nan')), (s.get('intervals') or {}).get('model', {}).get('eval_loss'), 4)}.</p>

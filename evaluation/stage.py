@@ -54,6 +54,7 @@ from vtg.harness import card_of, require_comparable
 from vtg.io import write_json_atomic
 from vtg.rl_outputs import STEPS_CSV as RL_STEPS_CSV
 from vtg.selection import overfit_signal
+from vtg.sources import Sources
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.md"
@@ -124,7 +125,7 @@ def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult
     """metrics.json's `comparison`: the best RL checkpoint vs the SFT checkpoint its run started from, on test,
     overall and by query type. Names only (no absolute paths): metrics.json is the same from both doors."""
     ev = cfg.evaluate
-    types, note = query_types(ev.shards_dir, HELDOUT_SPLIT, cfg.corpus.out_dir)
+    types, note = query_types(ev.shards_dir, HELDOUT_SPLIT, cfg.corpus.out_dir, Sources.of(cfg.ingest.sources))
     if sft is not None:
         require_comparable([(checkpoint_label(sft.result), card_of(sft.result)),
                             (checkpoint_label(rl.result), card_of(rl.result))], "compare")

@@ -24,6 +24,7 @@ from vtg import lineage as L
 from vtg.cli_common import run_cli
 from vtg.config import load_config
 from vtg.errors import VTGError
+from vtg.sources import describe
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w-]+))$")
@@ -35,6 +36,8 @@ RL_STAGE = "rl"  # the `vtg.stage` tag and meta.json `stage` of an RL run / chec
 @dataclass
 class Chain:
     source_digest: str | None = None
+    data_sources: str | None = None
+    """Sources and licences of the training queries (`vtg.sources.describe`)."""
     shard_digest: str | None = None
     dvc_md5: str | None = None
     preprocess: dict[str, str] = field(default_factory=dict)
@@ -109,6 +112,9 @@ def build_chain(c, exp_id: str, target: str) -> Chain:
         ch.train_params = {k: v for k, v in train.data.params.items() if k.split("train.", 1)[-1] in TRAIN_PARAMS}
         ch.git_commit, ch.config_hash = t.get(L.TAG_GIT_COMMIT), t.get(L.TAG_CONFIG_HASH)
         ch.shard_digest = t.get(L.TAG_DATA_VERSION)
+        ch.data_sources = t.get(L.TAG_DATA_SOURCES)
+    if meta.get("data_sources") is not None:  # the checkpoint's own word wins over a tag
+        ch.data_sources = describe(meta["data_sources"])
     pipeline = _run(c, (train or run).data.tags.get(PARENT_TAG)) if (train or run) is not None else None
     if run is not None and run.data.tags.get(L.TAG_STAGE) == "pipeline":
         pipeline = run
@@ -175,8 +181,8 @@ def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
     ch.parent_present = parent is not None
     if parent:
         sft = build_chain(c, exp_id, parent)
-        for k in ("source_digest", "shard_digest", "dvc_md5", "preprocess", "pipeline_run", "flow_run", "train_run",
-                  "train_params", "git_commit", "config_hash"):
+        for k in ("source_digest", "data_sources", "shard_digest", "dvc_md5", "preprocess", "pipeline_run",
+                  "flow_run", "train_run", "train_params", "git_commit", "config_hash"):
             setattr(ch, k, getattr(sft, k))
         ch.parent_step = ch.parent_step if ch.parent_step is not None else sft.step
     else:
@@ -184,6 +190,8 @@ def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
         _from_pipeline(c, ch, _run(c, tags.get(PARENT_TAG)))
     # the RL checkpoint's own data version wins (it must be the parent's: RL trains on the same shards)
     ch.shard_digest = meta.get("data_version") or tags.get(L.TAG_DATA_VERSION) or ch.shard_digest
+    own = describe(meta["data_sources"]) if meta.get("data_sources") is not None else tags.get(L.TAG_DATA_SOURCES)
+    ch.data_sources = own or ch.data_sources
     return ch
 
 
@@ -201,6 +209,7 @@ def render(ch: Chain) -> str:
     pre = ", ".join(f"{k.removeprefix('preprocess.')}={v}" for k, v in list(ch.preprocess.items())[:12])
     lines = [
         f"source      annotations + videos digest {ch.source_digest or '?'}",
+        f"  trained on {ch.data_sources or '? (sources not recorded)'}",
         f"  -> shards data version {ch.shard_digest or '?'}  (DVC md5 {ch.dvc_md5 or '-'})",
         f"  -> preprocess params {pre or '?'}",
         f"  -> train run {ch.train_run or '?'}  commit {ch.git_commit or '?'}  config {ch.config_hash or '?'}",

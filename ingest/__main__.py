@@ -23,17 +23,18 @@ from vtg.errors import VTGError
 
 def summarize(summary: dict) -> Table:
     table = Table(title="ingest")
-    for col in ("file", "format", "inputs", "records", "dead letters", "clipped"):
-        table.add_column(col, justify="right" if col not in ("file", "format") else "left",
+    for col in ("source", "file", "format", "inputs", "records", "dead letters", "clipped"):
+        table.add_column(col, justify="right" if col not in ("source", "file", "format") else "left",
                          overflow="fold" if col == "file" else "ellipsis")
     for f in summary["files"]:
-        table.add_row(f["file"], f["format"], str(f["inputs"]), str(f["records"]), str(f["dead_letters"]),
-                      str(f["clipped"]))
-    table.add_row("total", "", str(summary["inputs"]), str(summary["records"]), str(summary["dead_letters"]),
+        table.add_row(f["source"], f["file"], f["format"], str(f["inputs"]), str(f["records"]),
+                      str(f["dead_letters"]), str(f["clipped"]))
+    table.add_row("total", "", "", str(summary["inputs"]), str(summary["records"]), str(summary["dead_letters"]),
                   str(summary["clipped"]), style="bold")
     table.caption = (f"{summary['videos']} videos; dead letters by reason: "
                      + (", ".join(f"{k} {v}" for k, v in summary["by_reason"].items()) or "none")
-                     + f"; {summary['seconds']:.1f} s")
+                     + f"; {summary['seconds']:.1f} s; records by source (licence): "
+                     + ", ".join(f"{k} ({v['licence']}) {v['records']}" for k, v in summary["sources"].items()))
     return table
 
 

@@ -24,7 +24,8 @@ class RawItem:
     windows: list[tuple[float, float]]
     duration_s: float | None  # None: the format has none (Charades): probe the video
     annotation_id: str
-    extra: dict = field(default_factory=dict)  # format-specific passthrough (native: video_path, source)
+    extra: dict = field(default_factory=dict)
+    """Format-specific passthrough (native: video_path, source, licence, annotation_file)."""
 
 
 @dataclass(frozen=True)

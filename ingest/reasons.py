@@ -14,7 +14,10 @@ DUPLICATE_ANNOTATION_ID = "duplicate_annotation_id"  # an earlier item already u
 PATH_OUTSIDE_ROOT = "path_outside_root"  # video (symlinks resolved) outside video_root and extra_video_roots
 AMBIGUOUS_VIDEO = "ambiguous_video_id"  # the id names files in two folders of video_root: which one is meant?
 QUERY_TOO_LONG = "query_too_long"  # more tokens than ingest.max_query_tokens (pre-flight's query budget)
+UNDECLARED_SOURCE = "undeclared_source"  # a native record names a source that ingest.sources does not declare
+VIDEO_OUTSIDE_SOURCE = "video_outside_source"  # the video lies under none of its source's declared roots
+LICENCE_MISMATCH = "licence_mismatch"  # a native record's licence is not its declared source's
 
 REASONS = (UNPARSABLE, UNKNOWN_FORMAT, EMPTY_QUERY, NOT_FINITE, NEGATIVE_START, START_GE_END, MISSING_VIDEO,
            BAD_DURATION, UNPROBEABLE_VIDEO, END_BEYOND_DURATION, DUPLICATE_ANNOTATION_ID, PATH_OUTSIDE_ROOT,
-           AMBIGUOUS_VIDEO, QUERY_TOO_LONG)
+           AMBIGUOUS_VIDEO, QUERY_TOO_LONG, UNDECLARED_SOURCE, VIDEO_OUTSIDE_SOURCE, LICENCE_MISMATCH)

@@ -19,17 +19,21 @@ from ingest.validate import Invalid, Probe, QueryLimit, to_record
 from ingest.videos import VideoIndex, probe_duration
 from vtg.config import IngestConfig, config_hash
 from vtg.errors import VTGError
+from vtg.sources import SourceDecl, Sources
 
 
 class FileTally:
-    def __init__(self, path: Path, fmt: str):
-        self.path, self.format = path, fmt
+    def __init__(self, path: Path, fmt: str, source: SourceDecl, rel: str):
+        self.path, self.format, self.source, self.rel = path, fmt, source, rel
         self.inputs = self.records = self.clipped = 0
         self.reasons: Counter[str] = Counter()
+        self.by_source: Counter[tuple[str, str]] = Counter()
+        """(source, licence) of each record (a native record may name another declared source)."""
 
     def as_dict(self) -> dict:
-        return {"file": str(self.path), "format": self.format, "inputs": self.inputs, "records": self.records,
-                "dead_letters": sum(self.reasons.values()), "clipped": self.clipped,
+        """No machine path: the file is named by its source and its path under that source's root."""
+        return {"file": self.rel, "source": self.source.id, "format": self.format, "inputs": self.inputs,
+                "records": self.records, "dead_letters": sum(self.reasons.values()), "clipped": self.clipped,
                 "by_reason": dict(sorted(self.reasons.items()))}
 
 
@@ -45,7 +49,7 @@ def _read_text(path: Path) -> str:
                        ) from None
 
 
-def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, probe: Probe,
+def ingest_file(path: Path, fmt: str, sources: Sources, videos: VideoIndex, tolerance: float, probe: Probe,
                 seen_ids: set[str], records: list, dead: list, progress: Progress | None = None,
                 tag: str | None = None, query_limit: QueryLimit | None = None) -> FileTally:
     """One annotation file. Its annotation ids must be unique within it; an id another file already used (two
@@ -54,8 +58,9 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
     text = _read_text(path)
     in_file: set[str] = set()
     fmt = detect_format(path, text) if fmt == "auto" else fmt
-    tally = FileTally(path, fmt)
-    source = f"{fmt}:{path.as_posix()}"
+    source, rel = sources.owner_of(path)
+    tally = FileTally(path, fmt, source, rel)
+    annotation_file = f"{fmt}:{rel}"
     task = progress.add_task(path.name, total=len(text.splitlines()) or None) if progress else None
     for line, raw, item in READERS[fmt](text, str(path)):
         tally.inputs += 1
@@ -70,7 +75,8 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
                 item = dataclasses.replace(item, annotation_id=f"{item.annotation_id}@{tag or path.name}")
                 if item.annotation_id in seen_ids:
                     raise Invalid(R.DUPLICATE_ANNOTATION_ID, f"annotation id {item.annotation_id!r} was seen before")
-            record, clipped = to_record(item, source, videos, tolerance, probe, query_limit)
+            record, clipped = to_record(item, source, sources, annotation_file, videos, tolerance, probe,
+                                        query_limit)
         except Invalid as e:
             tally.reasons[e.reason] += 1
             dead.append({"file": path.as_posix(), "line": line, "format": fmt, "reason": e.reason, "detail": e.detail,
@@ -79,6 +85,7 @@ def ingest_file(path: Path, fmt: str, videos: VideoIndex, tolerance: float, prob
             seen_ids.add(record.annotation_id)
             tally.records += 1
             tally.clipped += clipped
+            tally.by_source[record.source, record.licence] += 1
             records.append(record)
         if task is not None:
             progress.update(task, completed=line)
@@ -95,6 +102,13 @@ def _write_jsonl(path: Path, rows: list) -> None:
     os.replace(tmp, path)
 
 
+def source_table(sources: Sources, counts: Counter[tuple[str, str]]) -> dict:
+    """{source id: {licence, origin, terms, records}} for every declared source (0 records included: a source
+    that gave nothing is worth seeing)."""
+    return {d.id: {"licence": d.licence, "origin": d.origin, "terms": d.terms,
+                   "records": sum(n for (s, _), n in counts.items() if s == d.id)} for d in sources.decls.values()}
+
+
 def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration,
            query_limit: QueryLimit | None = None) -> dict:
     """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary. The
@@ -108,6 +122,9 @@ def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_durat
 def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryLimit | None) -> dict:
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
+    sources = Sources.of(cfg.sources)
+    for f in files:  # every file's source before any is read: a refusal writes nothing
+        sources.owner_of(f)
     videos = VideoIndex(cfg.video_root, cfg.extra_video_roots)
     records: list = []
     dead: list[dict] = []
@@ -115,7 +132,7 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryL
     cols = (TextColumn("ingest {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, disable=not progress, transient=True) as bar:
         common = Path(os.path.commonpath([f.parent.resolve() for f in files])) if files else None
-        tallies = [ingest_file(f, cfg.format, videos, cfg.end_tolerance_s, probe, seen, records, dead,
+        tallies = [ingest_file(f, cfg.format, sources, videos, cfg.end_tolerance_s, probe, seen, records, dead,
                                bar if progress else None, f.resolve().relative_to(common).as_posix(), query_limit)
                    for f in files]
     inputs = sum(t.inputs for t in tallies)
@@ -123,12 +140,14 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryL
     _write_jsonl(Path(cfg.out), records)
     _write_jsonl(Path(cfg.dead_letter), dead)
     by_reason = Counter(d["reason"] for d in dead)
+    by_source: Counter[tuple[str, str]] = sum((t.by_source for t in tallies), Counter())
     summary = {
         "inputs": inputs, "records": len(records), "dead_letters": len(dead),
         "reconciled": inputs == len(records) + len(dead),
         "clipped": sum(t.clipped for t in tallies), "by_reason": dict(sorted(by_reason.items())),
         "videos": len({r.video_id for r in records}), "videos_indexed": len(videos),
         "files": [t.as_dict() for t in tallies],
+        "sources": source_table(sources, by_source),
         "outputs": {"records": cfg.out, "dead_letter": cfg.dead_letter},
         "config_hash": config_hash(cfg), "seconds": round(time.perf_counter() - t0, 3),
     }

@@ -13,6 +13,7 @@ from ingest import reasons as R
 from ingest.items import RawItem
 from ingest.videos import VideoIndex
 from vtg.records import CanonicalRecord
+from vtg.sources import SourceDecl, Sources
 
 Probe = Callable[[str], tuple[float | None, str]]
 
@@ -87,9 +88,30 @@ def clip_windows(windows: list[tuple[float, float]], duration: float, tolerance:
     return out, clipped
 
 
-def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
-              probe: Probe, query_limit: QueryLimit | None = None) -> tuple[CanonicalRecord, bool]:
-    """(record, whether a window end was clipped to the duration); raises `Invalid`."""
+def record_source(item: RawItem, file_source: SourceDecl, sources: Sources) -> SourceDecl:
+    """The record's source: the one a native record names (it must be declared, and its licence, if given, the
+    declared one), else the source whose root holds the annotation file."""
+    named = item.extra.get("source")
+    decl = file_source
+    if named is not None and named != file_source.id:
+        if named not in sources:
+            raise Invalid(R.UNDECLARED_SOURCE, f"the record names source {named!r}, which ingest.sources does not "
+                                               f"declare (declared: {', '.join(sources.decls)}): declare it with its "
+                                               f"licence, or drop the field to take the file's source "
+                                               f"({file_source.id!r})")
+        decl = sources[named]
+    licence = item.extra.get("licence")
+    if licence is not None and licence != decl.licence:
+        raise Invalid(R.LICENCE_MISMATCH, f"the record says licence {licence!r}, its source {decl.id!r} is declared "
+                                          f"{decl.licence!r}: fix the record or the declaration")
+    return decl
+
+
+def to_record(item: RawItem, source: SourceDecl, sources: Sources, annotation_file: str, videos: VideoIndex,
+              tolerance: float, probe: Probe, query_limit: QueryLimit | None = None) -> tuple[CanonicalRecord, bool]:
+    """(record, whether a window end was clipped to the duration); raises `Invalid`. `source` holds the annotation
+    file (`annotation_file`: `<format>:<path under its root>`); the record's video path is stored relative to its
+    source's root."""
     if not item.query.strip():
         raise Invalid(R.EMPTY_QUERY, "the query text is empty")
     if query_limit is not None:
@@ -97,7 +119,10 @@ def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
     if not item.windows:
         raise Invalid(R.UNPARSABLE, "no ground-truth window")
     check_windows(item.windows)
+    source = record_source(item, source, sources)
     path = item.extra.get("video_path")  # native records may carry their path; else look the id up
+    if path and "source" in item.extra and not os.path.isabs(path):
+        path = sources.resolve(source.id, path)  # ingest's own output: relative to its source's root
     if not (path and os.path.isfile(path)):
         if item.video_id in videos.ambiguous:
             files = videos.ambiguous[item.video_id]
@@ -112,11 +137,18 @@ def to_record(item: RawItem, source: str, videos: VideoIndex, tolerance: float,
     if real is not None:
         raise Invalid(R.PATH_OUTSIDE_ROOT, f"video {path} (resolves to {real}) is outside ingest.video_root "
                                            f"{videos.root} and ingest.extra_video_roots", video_path=path)
+    rel = sources.relative(source.id, path)
+    if rel is None:
+        raise Invalid(R.VIDEO_OUTSIDE_SOURCE, f"video {path} lies under none of source {source.id!r}'s roots "
+                                              f"({', '.join(source.roots)}): add its folder to that source's roots "
+                                              "in ingest.sources (videos share their annotations' licence)",
+                      video_path=path)
     duration = resolve_duration(item, path, probe)
     windows, clipped = clip_windows(item.windows, duration, tolerance)
     try:
-        record = CanonicalRecord(video_id=item.video_id, video_path=path, duration_s=duration, query=item.query,
-                                 windows=windows, source=item.extra.get("source", source),
+        record = CanonicalRecord(video_id=item.video_id, video_path=rel, duration_s=duration, query=item.query,
+                                 windows=windows, source=source.id, licence=source.licence,
+                                 annotation_file=item.extra.get("annotation_file", annotation_file),
                                  annotation_id=item.annotation_id)
     except ValidationError as e:
         raise Invalid(R.UNPARSABLE, "; ".join(err["msg"] for err in e.errors())) from None

@@ -55,7 +55,7 @@ from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParam
 from vtg.model.teach import taught_base
 from vtg.model.tiny import tiny_family
 from vtg.selection import TRAIN_LOSS_AVG, window_mean
-from vtg.shards import data_version
+from vtg.shards import data_sources, data_version
 
 log = logging.getLogger("training")
 
@@ -132,6 +132,8 @@ class Trainer:
         self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
+        self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
+                                      if self.dist.is_main else None, self.dist)
         self.git_commit = lineage.git_commit()
         self.trainable, self.total = count_parameters(self.model)
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
@@ -183,7 +185,8 @@ class Trainer:
 
     # ---- checkpointing -------------------------------------------------------------------------------
     def save(self, last_loss: float) -> Path | None:
-        meta = {"data_version": self.data_version, "git_commit": self.git_commit, "config_hash": config_hash(self.cfg),
+        meta = {"data_version": self.data_version, "data_sources": self.data_sources, "git_commit": self.git_commit,
+                "config_hash": config_hash(self.cfg),
                 TRAIN_KEY: train_hash(self.tcfg), "finetune": self.tcfg.model.finetune, "base": self.tcfg.model.base,
                 "base_path": self.base_path, "samples_seen": self.state.samples,
                 "metrics": {"train/loss": last_loss, TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)},
@@ -208,7 +211,8 @@ class Trainer:
                 "total_params": self.total, "world_size": self.dist.world_size,
                 "micro_batch_size": t.micro_batch_size, "grad_accum": t.grad_accum,
                 "effective_batch": t.micro_batch_size * t.grad_accum * self.dist.world_size,
-                "data_version": self.data_version, "git_commit": self.git_commit, "start_step": self.state.step,
+                "data_version": self.data_version, "data_sources": self.data_sources, "git_commit": self.git_commit,
+                "start_step": self.state.step,
                 "mlflow_run_id": self.resumed_meta.get("mlflow_run_id"), "shards": len(self.urls)}
 
     def fit(self, stop_after: int | None = None) -> dict:

@@ -19,6 +19,7 @@ TAG_GIT_COMMIT = "vtg.git_commit"
 TAG_CONFIG_HASH = "vtg.config_hash"
 TAG_SOURCE_DIGEST = "vtg.source_digest"  # annotations + videos that went into preprocess
 TAG_DATA_VERSION = "vtg.data_version"  # shard digest (see `vtg.io.tree_digest`)
+TAG_DATA_SOURCES = "vtg.data_sources"  # sources and licences of the training queries (`vtg.sources.describe`)
 TAG_PREFECT_FLOW_RUN = "vtg.prefect_flow_run_id"
 TAG_TRAIN_RUN = "vtg.train_run_id"  # on eval runs: the training run they evaluate
 TAG_CHECKPOINT = "vtg.checkpoint"  # checkpoint path

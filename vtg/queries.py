@@ -104,7 +104,7 @@ def iter_examples(shards: list[str], stats: ReadStats, limit: int = 0) -> Iterat
                         stats.queries += 1
                         yield QueryExample(
                             key=example_key(meta.key, qi), query=q.text, windows=[tuple(w) for w in q.windows],
-                            duration_s=meta.duration_s, source=(meta.source or "unknown").split(":")[0],
+                            duration_s=meta.duration_s, source=meta.source_id,
                             frames=frames, timestamps=list(meta.frame_timestamps))
                         n += 1
                         if limit and n >= limit:

@@ -17,12 +17,19 @@ class CanonicalRecord(BaseModel):
 
     video_id: str
     video_path: str
+    """Relative to a root of the record's source (`vtg.sources.Sources.resolve` finds the file); never a machine
+    path when ingest wrote it."""
     duration_s: float
     query: str
     windows: list[tuple[float, float]]
     source: str
-    """Dataset name and file, e.g. `qvhighlights:data/raw/x.jsonl`."""
+    """The declared source's id (`ingest.sources`), e.g. `charades-sta`."""
     annotation_id: str
+    licence: str = ""
+    """The source's licence when ingest read it (SPDX id or `LicenseRef-<name>`; empty: records from before
+    declared sources)."""
+    annotation_file: str = ""
+    """`<format>:<annotation file relative to the source root>`: where the line came from."""
 
     @field_validator("query")
     @classmethod

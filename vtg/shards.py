@@ -25,11 +25,14 @@ SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
 """Written by preprocess beside the split folders: counts, lineage, every shard with its samples and sha256,
 `data_version` and `shard_contract`."""
-SHARD_CONTRACT = 2
+SHARD_CONTRACT = 3
 """The sample contract's version, in every sample (`SampleMeta.contract`) and the manifest (`shard_contract`).
 1 (before issue 22): frames squashed to `frame_size` x `frame_size`, a short window's frames repeated to fill
 the budget, no source frame indices. 2: frames keep their aspect ratio (`stored_frame_size`), no frame is
-repeated, and every sample records the source fps and the source frame index of each frame."""
+repeated, and every sample records the source fps and the source frame index of each frame. 3 (issue 24):
+`source` is the declared source's id (was `<format>:<annotation path>`) and every sample names its `licence`."""
+OLDEST_READABLE_CONTRACT = 2
+"""Contract 2 shards are read as they are (no licence: ``; their `source` holds the annotation file)."""
 
 
 class QueryMeta(BaseModel):
@@ -39,6 +42,12 @@ class QueryMeta(BaseModel):
     windows: list[tuple[float, float]]
     """Ground-truth windows in seconds, relative to the window start."""
     annotation_id: str
+    annotation_file: str = ""
+    """`<format>:<annotation file under its source's root>` (contract 3)."""
+    source: str = ""
+    """The query's declared source id (contract 3)."""
+    licence: str = ""
+    """Its source's licence (contract 3)."""
 
 
 class SampleMeta(BaseModel):
@@ -64,6 +73,11 @@ class SampleMeta(BaseModel):
     cluster_id: str = ""
     split: str = ""
     source: str = ""
+    """The declared source id of the window's queries (`ingest.sources`), `+`-joined when a video's queries come
+    from several (contract 2: `<format>:<annotation file>`)."""
+    licence: str = ""
+    """Their licence (SPDX id or `LicenseRef-<name>`; an SPDX `AND` expression for several); empty before
+    contract 3."""
     preprocess_version: str = ""
     """Code version + params hash of the preprocess run that wrote the sample."""
     contract: int = 1
@@ -77,6 +91,13 @@ class SampleMeta(BaseModel):
     @property
     def duration_s(self) -> float:
         return self.window_end_s - self.window_start_s
+
+    @property
+    def source_id(self) -> str:
+        """The source's name: the declared id (contract 3), or the annotation format of older samples."""
+        if self.contract >= 3:
+            return self.source or "unknown"
+        return (self.source or "unknown").split(":")[0]
 
 
 _MEMBER = re.compile(r"^(?P<key>.+)\.(?P<ext>f\d{3}\.jpg|json)$")
@@ -216,10 +237,11 @@ def check_contract(root: str | Path) -> None:
     if manifest is None:
         return  # hand-made shards (tests, the GPU check): samples carry their own contract
     found = int(manifest.get("shard_contract", 1))
-    if found < SHARD_CONTRACT:
+    if found < OLDEST_READABLE_CONTRACT:
         raise VTGError(f"{Path(root)}: shards written under sample contract {found} (frames squashed to squares, "
                        f"short windows padded with repeated frames, no source frame indices); this version reads "
-                       f"contract {SHARD_CONTRACT}: re-run preprocess (python -m beam_jobs.preprocess, or dvc repro)")
+                       f"contracts {OLDEST_READABLE_CONTRACT}-{SHARD_CONTRACT}: re-run preprocess "
+                       "(python -m beam_jobs.preprocess, or dvc repro)")
     if found > SHARD_CONTRACT:
         raise VTGError(f"{Path(root)}: shards written under sample contract {found}, newer than this version's "
                        f"{SHARD_CONTRACT}: update the code")
@@ -232,6 +254,14 @@ def read_manifest(root: str | Path) -> dict | None:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def data_sources(root: str | Path, split: str = "train") -> list[dict]:
+    """[{source, licence, queries}] of the `split` queries under `root`, from the manifest's per-source counts
+    (what a checkpoint trained on these shards was trained on); [] when the manifest has none (older shards)."""
+    rows = (read_manifest(root) or {}).get("sources") or []
+    return [{"source": r["source"], "licence": r["licence"], "queries": r["kept"][split]}
+            for r in rows if r.get("kept", {}).get(split)]
 
 
 def data_version(root: str | Path) -> str:

@@ -1,5 +1,7 @@
 """Native jsonl: the canonical record's fields (`video_id, query, windows`, optional `duration_s`,
-`annotation_id`, `video_path`, `source`). Ingest's own output is valid input."""
+`annotation_id`, `video_path`, `source`, `licence`, `annotation_file`). Ingest's own output is valid input: a record
+naming a declared source takes that source (its `video_path` relative to the source's roots), its licence must be
+the source's, and its `annotation_file` (where the line first came from) is kept."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def parse_line(line: str, line_no: int, stem: str) -> RawItem | Rejected:
         return Rejected(UNPARSABLE, str(e), aid)
     if not isinstance(obj["query"], str):
         return Rejected(UNPARSABLE, "query must be a string", aid)
-    extra = {k: obj[k] for k in ("video_path", "source") if isinstance(obj.get(k), str)}
+    extra = {k: obj[k] for k in ("video_path", "source", "licence", "annotation_file") if isinstance(obj.get(k), str)}
     return RawItem(str(obj["video_id"]), obj["query"], windows, duration, aid, extra)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from corpus_metrics import read_outputs, read_shards
+from declared import declared, declared_arg
 from measured_settings import CORPUS_MEASURED
 
 from beam_jobs.audit import AUDIT_LOG, FLAGS, iou
@@ -37,14 +38,15 @@ FILTER = ["ambiguous", "no_change_at_boundary"]
 def preprocess(root: Path, out: str, *overrides: str) -> dict:
     cfg = load_config(REPO / "params.yaml", None, [f"preprocess.records={root / 'records.jsonl'}",
                                                    f"preprocess.out_dir={root / out}", "preprocess.progress=false",
-                                                   *overrides])
+                                                   declared_arg(root / "corpus"), *overrides])
     return run(cfg, IN_PROCESS, show=False)
 
 
 def build_and_ingest(root: Path, corpus_cfg: CorpusConfig) -> None:
     build_corpus(corpus_cfg)
     corpus = Path(corpus_cfg.out_dir)
-    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
+    ingest(IngestConfig(sources=declared(corpus),
+                        annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
                         out=str(root / "records.jsonl"), dead_letter=str(root / "ingest_dead.jsonl"),
                         summary=str(root / "ingest_summary.json")))
 

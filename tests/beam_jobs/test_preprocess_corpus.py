@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from corpus_metrics import measure, read_shards
 from corpus_truth import load_truth, scene_counts
+from declared import declared, declared_arg
 from measured_settings import CORPUS_MEASURED
 
 from beam_jobs.preprocess import run
@@ -24,15 +25,16 @@ CORPUS = {**CORPUS_MEASURED, "n_videos": 30, "workers": 1, "defect_fraction": 0.
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
 
 
-def corpus_config(records: Path, out: Path):
+def corpus_config(records: Path, out: Path, corpus: Path):
     return load_config(REPO / "params.yaml", None, [f"preprocess.records={records}", f"preprocess.out_dir={out}",
-                                                    "preprocess.progress=false"])
+                                                    "preprocess.progress=false", declared_arg(corpus)])
 
 
 def ingest_corpus(corpus: Path, root: Path) -> Path:
     """Records ingested from a built corpus's annotation file, like real data, into `root`/records.jsonl."""
     records = root / "records.jsonl"
-    ingest(IngestConfig(annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
+    ingest(IngestConfig(sources=declared(corpus),
+                        annotations=[str(corpus / "annotations")], video_root=str(corpus / "videos"),
                         out=str(records), dead_letter=str(root / "ingest_dead.jsonl"),
                         summary=str(root / "ingest_summary.json")))
     return records
@@ -43,7 +45,7 @@ def corpus_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("pp_corpus")
     build_corpus(CorpusConfig(out_dir=str(root / "corpus"), **CORPUS))
     records = ingest_corpus(root / "corpus", root)
-    cfg = corpus_config(records, root / "shards")
+    cfg = corpus_config(records, root / "shards", root / "corpus")
     manifest = run(cfg, IN_PROCESS, show=False)
     return root, cfg, manifest
 
@@ -125,7 +127,7 @@ def test_shards_read_back_without_leakage(corpus_run):
 def test_rerun_with_multiprocessing_is_byte_identical(corpus_run):
     """Two runs (in-process, then DirectRunner multi_processing with 2 workers) -> identical bytes."""
     root, _, _ = corpus_run
-    cfg2 = corpus_config(root / "records.jsonl", root / "shards2")
+    cfg2 = corpus_config(root / "records.jsonl", root / "shards2", root / "corpus")
     run(cfg2, ["--direct_num_workers=2"], show=False)
     a, b = root / "shards", root / "shards2"
     files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
@@ -143,7 +145,7 @@ def test_large_frames_meet_the_same_targets(tmp_path):
     params = load_config(REPO / "params.yaml", None, [
         f"corpus.out_dir={corpus}", "corpus.n_videos=12", "corpus.workers=1", "corpus.width=448",
         "corpus.height=448", "corpus.defect_fraction=0.5", f"preprocess.records={tmp_path / 'records.jsonl'}",
-        f"preprocess.out_dir={tmp_path / 'shards'}", "preprocess.progress=false"])
+        f"preprocess.out_dir={tmp_path / 'shards'}", "preprocess.progress=false", declared_arg(corpus)])
     build_corpus(params.corpus)
     ingest_corpus(corpus, tmp_path)
     manifest = run(params, IN_PROCESS, show=False)

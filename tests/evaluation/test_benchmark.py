@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from declared import declared
 from eval_fixtures import make_checkpoint
 from measured_settings import CORPUS_MEASURED
 
@@ -36,13 +37,14 @@ def bench(tmp_path_factory, shards_dir):
     annotations = Path(corpus.out_dir) / truth["annotation_file"]
     assert annotations.suffix == ".txt" and "##" in annotations.read_text().splitlines()[0]
     records = tmp / "records.jsonl"
-    summary = ingest(IngestConfig(annotations=[str(annotations)], format="charades",
+    summary = ingest(IngestConfig(sources=declared(corpus.out_dir), annotations=[str(annotations)], format="charades",
                                   video_root=str(Path(corpus.out_dir) / "videos"), out=str(records),
                                   dead_letter=str(tmp / "dead.jsonl"), summary=str(tmp / "summary.json")))
     n = len(read_records(records))
     assert n == summary["records"] >= 4
     ckpt = make_checkpoint(tmp / "checkpoints" / "sft", 0, shards_dir, 0)
-    base = {"benchmark": {"records": str(records), "out_dir": str(tmp / "bench"), "device": "cpu",
+    base = {"ingest": {"sources": declared(corpus.out_dir)},
+            "benchmark": {"records": str(records), "out_dir": str(tmp / "bench"), "device": "cpu",
                           "batch_size": 4}, "tracking": {"enabled": False}, "evaluate": {"bootstrap_resamples": 200}}
     cfgs = {p: PipelineConfig.model_validate({**base, "benchmark": {**base["benchmark"], "profile": p}})
             for p in ("full_video", "lmms_eval_charades")}
@@ -88,7 +90,8 @@ def test_the_cli_prints_the_card_and_a_missing_records_file_says_how_to_make_it(
     cfg = bench["cfgs"]["full_video"]
     args = ["--checkpoint", str(bench["ckpt"]), f"benchmark.records={cfg.benchmark.records}",
             f"benchmark.out_dir={tmp_path}", "benchmark.device=cpu", "benchmark.max_examples=2",
-            "benchmark.max_frames=8", "tracking.enabled=false"]
+            "benchmark.max_frames=8", "ingest.sources=" + json.dumps([d.model_dump() for d in cfg.ingest.sources]),
+            "tracking.enabled=false"]
     assert run_cli(main, args) == 0
     out = capsys.readouterr().out
     assert "Benchmark `full_video`" in out and "| frames per query (min / median / max) | 8 / 8.0 / 8 |" in out

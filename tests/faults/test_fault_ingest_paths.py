@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig
 from vtg.records import read_jsonl, read_records
+from vtg.sources import Sources
 
 
 @pytest.fixture
@@ -33,11 +35,15 @@ def run_native(tree: dict[str, Path], rows: list[dict], **kw) -> tuple[dict, dic
     ann = tmp / "ann.jsonl"
     ann.write_text("".join(json.dumps({"query": "a person opens a door", "windows": [[0.5, 1.5]],
                                        "duration_s": 5.0, **r}) + "\n" for r in rows))
-    cfg = IngestConfig(annotations=[str(ann)], video_root=str(tree["root"]), out=str(tmp / "out" / "r.jsonl"),
+    cfg = IngestConfig(sources=declared(tmp),
+                       annotations=[str(ann)], video_root=str(tree["root"]), out=str(tmp / "out" / "r.jsonl"),
                        dead_letter=str(tmp / "out" / "d.jsonl"), summary=str(tmp / "out" / "s.json"), **kw)
     summary = ingest(cfg)
     assert summary["reconciled"] and summary["inputs"] == len(rows)
-    records = {r.annotation_id: r for r in read_records(cfg.out)}
+    sources = Sources.of(cfg.sources)  # records hold paths under their source's root: back to the file
+    records = {r.annotation_id: r.model_copy(update={"video_path": sources.resolve(r.source, r.video_path)})
+               for r in read_records(cfg.out)}
+    assert all(not os.path.isabs(r.video_path) for r in read_records(cfg.out))
     dead = {d["annotation_id"]: d for d in read_jsonl(cfg.dead_letter)}
     assert len(records) + len(dead) == len(rows)
     return summary, records, dead
@@ -61,7 +67,7 @@ def test_dotdot_escaping_the_root_is_a_dead_letter(tree):
     inside = f"{tree['root']}/sub/../a.mp4"  # `..` that stays inside is fine
     _, records, dead = run_native(tree, [{"annotation_id": "esc", "video_id": "secret", "video_path": escaping},
                                         {"annotation_id": "ok", "video_id": "a", "video_path": inside}])
-    assert set(records) == {"ok"} and records["ok"].video_path == inside
+    assert set(records) == {"ok"} and os.path.samefile(records["ok"].video_path, inside)
     assert dead["esc"]["reason"] == "path_outside_root" and dead["esc"]["video_path"] == escaping
     assert str(tree["outside"] / "secret.mp4") in dead["esc"]["detail"]  # the resolved target is named
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from declared import declared
 from videokit import write_video as _write
 
 from ingest import ingest
@@ -23,7 +24,7 @@ def write_video(path: Path, n_frames: int = 40) -> Path:
 
 
 def _cfg(tmp: Path, root: Path, *annotations: Path) -> IngestConfig:
-    return IngestConfig(annotations=[str(a) for a in annotations], video_root=str(root),
+    return IngestConfig(sources=declared(tmp), annotations=[str(a) for a in annotations], video_root=str(root),
                         out=str(tmp / "out/r.jsonl"), dead_letter=str(tmp / "out/d.jsonl"),
                         summary=str(tmp / "out/s.json"))
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from declared import declared_arg
 
 from beam_jobs.preprocess import check_trainable
 from vtg.errors import VTGError
@@ -30,7 +31,8 @@ def test_ingest_with_no_usable_record_fails_in_one_line_and_keeps_the_dead_lette
     ann.write_text("".join(json.dumps({"annotation_id": f"a{i}", "video_id": "v", "video_path": "/nowhere/v.mp4",
                                        "query": "a person opens a door", "windows": [[0.5, 1.5]], "duration_s": 5.0})
                            + "\n" for i in range(3)) + "{not json\n")
-    r = _cli("ingest", tmp_path, f"ingest.annotations=[{ann}]", f"ingest.video_root={tmp_path / 'videos'}",
+    r = _cli("ingest", tmp_path, declared_arg(tmp_path),
+             f"ingest.annotations=[{ann}]", f"ingest.video_root={tmp_path / 'videos'}",
              f"ingest.out={tmp_path / 'out/r.jsonl'}", f"ingest.dead_letter={tmp_path / 'out/d.jsonl'}",
              f"ingest.summary={tmp_path / 'out/s.json'}")
     assert r.returncode == 2, r.stderr[-2000:]

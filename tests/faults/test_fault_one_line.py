@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from declared import declared_arg
 
 from vtg import checkpoints as ckpt
 from vtg.errors import VTGError
@@ -119,7 +120,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_cli_quietly(tmp_path: Path):
 def _records(tmp_path: Path, n_videos: int) -> Path:
     params = str(REPO / "params.yaml")
     for cmd in (["corpus", f"corpus.n_videos={n_videos}", f"corpus.out_dir={tmp_path / 'raw'}"],
-                ["ingest", f"ingest.annotations=[{tmp_path / 'raw/annotations'}]",
+                ["ingest", declared_arg(tmp_path / "raw"), f"ingest.annotations=[{tmp_path / 'raw/annotations'}]",
                  f"ingest.video_root={tmp_path / 'raw/videos'}", f"ingest.out={tmp_path / 'r.jsonl'}",
                  f"ingest.dead_letter={tmp_path / 'd.jsonl'}", f"ingest.summary={tmp_path / 's.json'}"]):
         subprocess.run([PY, "-m", cmd[0], "--params", params, *cmd[1:]], cwd=tmp_path, env=ENV, check=True,
@@ -132,7 +133,8 @@ def test_preprocess_on_a_full_disk_is_one_line_and_leaves_no_partial_shard(tmp_p
     records = _records(tmp_path, 12)
     with small_disk(tmp_path / "disk", "1100k") as disk:
         cmd = [PY, "-m", "beam_jobs.preprocess", "--params", str(REPO / "params.yaml"), f"preprocess.records={records}",
-               f"preprocess.out_dir={disk / 'shards'}", "preprocess.progress=false", "preprocess.frame_size=448"]
+               f"preprocess.out_dir={disk / 'shards'}", "preprocess.progress=false", "preprocess.frame_size=448",
+               declared_arg(tmp_path / "raw")]
         r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, check=False)
         assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: preprocess: the disk of"), \
             r.stderr[-3000:]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from declared import declared_arg
 
 from ingest import reasons as R
 from ingest.validate import Invalid, QueryLimit
@@ -33,7 +34,8 @@ def test_ingest_dead_letters_a_query_longer_than_the_limit_and_keeps_the_rest(tm
                                        "duration_s": 5.0}) + "\n" for a, q in rows))
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "ingest", "--params", str(REPO / "params.yaml"),
-                        f"ingest.annotations=[{ann}]", f"ingest.video_root={videos}", f"ingest.out={out / 'r.jsonl'}",
+                        declared_arg(tmp_path), f"ingest.annotations=[{ann}]", f"ingest.video_root={videos}",
+                        f"ingest.out={out / 'r.jsonl'}",
                         f"ingest.dead_letter={out / 'd.jsonl'}", f"ingest.summary={out / 's.json'}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})

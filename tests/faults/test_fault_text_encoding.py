@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig
@@ -26,7 +27,8 @@ def _run(tmp_path: Path, name: str, data: bytes) -> tuple[list[dict], list[dict]
     ann = tmp_path / name
     ann.write_bytes(data)
     out = tmp_path / "out"
-    ingest(IngestConfig(annotations=[str(ann)], video_root=str(videos), out=str(out / "r.jsonl"),
+    ingest(IngestConfig(sources=declared(tmp_path),
+                        annotations=[str(ann)], video_root=str(videos), out=str(out / "r.jsonl"),
                         dead_letter=str(out / "d.jsonl"), summary=str(out / "s.json")))
     return list(read_jsonl(out / "r.jsonl")), list(read_jsonl(out / "d.jsonl"))
 
@@ -51,7 +53,8 @@ def test_charades_txt_with_crlf_and_a_mark(tmp_path):
     out = tmp_path / "out"
     ann = tmp_path / "charades_sta_test.txt"
     ann.write_bytes(text.encode("utf-8-sig"))
-    ingest(IngestConfig(annotations=[str(ann)], video_root=str(videos), out=str(out / "r.jsonl"),
+    ingest(IngestConfig(sources=declared(tmp_path),
+                        annotations=[str(ann)], video_root=str(videos), out=str(out / "r.jsonl"),
                         dead_letter=str(out / "d.jsonl"), summary=str(out / "s.json")),
            probe=lambda path: (5.0, "probed"))
     assert [r["query"] for r in read_jsonl(out / "r.jsonl")] == [QUERIES[0], QUERIES[4]]

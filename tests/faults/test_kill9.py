@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from declared import declared, declared_arg
 from killkit import cleanup, group_members, left_behind, sigkill, start, wait_for_log, wait_until
 
 from vtg import checkpoints as ckpt
@@ -148,7 +149,8 @@ def _corpus(root: Path) -> Path:
 
     build_corpus(CorpusConfig(out_dir=str(root / "corpus"), n_videos=24, workers=1, seed=SEED))
     records = root / "records.jsonl"
-    ingest(IngestConfig(annotations=[str(root / "corpus" / "annotations")], video_root=str(root / "corpus" / "videos"),
+    ingest(IngestConfig(sources=declared(root / "corpus"),
+                        annotations=[str(root / "corpus" / "annotations")], video_root=str(root / "corpus" / "videos"),
                         out=str(records), dead_letter=str(root / "ingest_dead.jsonl"),
                         summary=str(root / "ingest_summary.json")))
     return records
@@ -158,7 +160,8 @@ def test_kill9_preprocess_rerun_is_byte_identical(tmp_path: Path):
     rng = random.Random(SEED)
     records, out = _corpus(tmp_path), tmp_path / "shards"
     # the stage's own command line and runner profile (DirectRunner, multi_processing: worker processes)
-    cmd = [PY, "-m", "beam_jobs.preprocess", f"preprocess.records={records}", f"preprocess.out_dir={out}"]
+    cmd = [PY, "-m", "beam_jobs.preprocess", f"preprocess.records={records}", f"preprocess.out_dir={out}",
+           declared_arg(tmp_path / "corpus")]
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600, check=False)
     took = time.monotonic() - t0

@@ -106,6 +106,20 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert pipeline.data.tags["vtg.data_version"] == version
     rl_run = client.get_run(rl_metas[-1]["mlflow_run_id"])  # nested under the same pipeline run
     assert rl_run.data.tags["vtg.stage"] == "rl" and rl_run.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    # what the checkpoints were trained on: the declared source and its licence, in meta.json, MLflow and lineage
+    manifest = json.loads((q / "data/shards/manifest.json").read_text())
+    [row] = manifest["sources"]
+    assert (row["source"], row["licence"]) == ("synthetic", "Apache-2.0") and row["kept"]["train"] > 0
+    trained_on = [{"source": "synthetic", "licence": "Apache-2.0", "queries": row["kept"]["train"]}]
+    assert all(m["data_sources"] == trained_on for m in metas + rl_metas)
+    assert train_run.data.tags["vtg.data_sources"] == rl_run.data.tags["vtg.data_sources"] == (
+        f"synthetic (Apache-2.0) {row['kept']['train']} queries")
+    chain = sh([PY, "-m", "flows.lineage", "checkpoints/rl/latest"], q)
+    assert f"trained on synthetic (Apache-2.0) {row['kept']['train']} queries" in chain, chain
+    # no machine path in any shard, manifest or record the stages wrote (issue 24)
+    for f in [*(q / "data/shards").rglob("*"), *(q / "data/interim").rglob("*")]:
+        if f.is_file():
+            assert str(q).encode() not in f.read_bytes(), f
     # the flow's per-checkpoint evaluator evaluated the RL checkpoints too
     evaluated = {json.loads(x)["checkpoint_dir"] for x in
                  (q / "reports/orchestration/checkpoint_evals.jsonl").read_text().splitlines()}

@@ -5,6 +5,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from declared import declared
 
 from vtg.config import IngestConfig
 
@@ -34,6 +35,7 @@ def video_root(tmp_path: Path) -> Path:
 def ingest_config(tmp_path: Path, video_root: Path):
     def make(*annotations: Path, **kw) -> IngestConfig:
         out = tmp_path / "out"
+        kw.setdefault("sources", declared(tmp_path))  # the test's folder: annotations and videos
         return IngestConfig(annotations=[str(a) for a in annotations], video_root=str(video_root),
                             out=str(out / "records.jsonl"), dead_letter=str(out / "dead.jsonl"),
                             summary=str(out / "summary.json"), **kw)

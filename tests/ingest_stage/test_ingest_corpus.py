@@ -1,8 +1,8 @@
 """Ingest of the synthetic corpus, in every annotation format, matches its ground truth exactly."""
 
-from pathlib import Path
 
 import pytest
+from declared import declared
 from measured_settings import CORPUS_MEASURED
 
 from corpus import build_corpus
@@ -16,7 +16,7 @@ def test_ingest_matches_ground_truth(tmp_path, fmt):
     gt = build_corpus(CorpusConfig(**{**CORPUS_MEASURED, "n_videos": 5}, out_dir=str(root), workers=1,
                                    annotation_format=fmt, duplicate_query_fraction=0.5,
                                    text_answerable_fraction=0.3))
-    cfg = IngestConfig(annotations=[str(root / "annotations")], video_root=str(root / "videos"),
+    cfg = IngestConfig(sources=declared(root), annotations=[str(root / "annotations")], video_root=str(root / "videos"),
                        out=str(tmp_path / "r.jsonl"), dead_letter=str(tmp_path / "d.jsonl"),
                        summary=str(tmp_path / "s.json"))
     from ingest import ingest
@@ -35,7 +35,7 @@ def test_ingest_matches_ground_truth(tmp_path, fmt):
     for r in records:
         v, e = events[r.annotation_id]
         assert r.video_id == v["video_id"] and r.query == e["query"].strip()
-        assert Path(r.video_path) == root / v["path"]
+        assert r.video_path == v["path"]  # under the declared root (the corpus folder): no machine path
         assert r.duration_s == pytest.approx(v["duration_s"])
         assert r.windows == [pytest.approx((e["start_s"], e["end_s"]), abs=1e-3)]
     assert summary["clipped"] == len(gt["clipped_annotations"])

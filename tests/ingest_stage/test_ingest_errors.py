@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from declared import declared_arg
 
 from ingest import ingest
 from ingest.__main__ import main as ingest_main
@@ -51,7 +52,8 @@ def test_cli_runs_and_summarises(tmp_path, capsys, repo_root, video_root):
     ann = tmp_path / "x.txt"
     ann.write_text("a 0.0 1.0##hello\na 2.0 1.0##bad\n")
     out = tmp_path / "o"
-    code = ingest_main(["--params", str(repo_root / "params.yaml"), f"ingest.annotations=[{ann}]",
+    code = ingest_main(["--params", str(repo_root / "params.yaml"), declared_arg(tmp_path),
+                        f"ingest.annotations=[{ann}]",
                         f"ingest.video_root={video_root}", f"ingest.out={out / 'r.jsonl'}",
                         f"ingest.dead_letter={out / 'd.jsonl'}", f"ingest.summary={out / 's.json'}"])
     text = capsys.readouterr().out

@@ -46,9 +46,10 @@ def test_charades(tmp_path, ingest_config):
     assert [r.query for r in records] == ["a person opens a door.", "someone in the sub folder video",
                                           "ends 0.3 s after the 5 s video: clipped"]
     assert records[0].duration_s == pytest.approx(5.0)  # probed: 40 frames at 8 fps
-    assert records[1].video_path.endswith("sub/b.avi")
     assert records[2].windows == [(3.0, 5.0)] and summary["clipped"] == 1
-    assert records[0].annotation_id == "a#1" and records[0].source.startswith("charades:")
+    assert records[0].annotation_id == "a#1" and records[0].source == "test-set" and records[0].licence == "CC0-1.0"
+    assert records[0].annotation_file == "charades:charades_sta_test.txt"  # under the declared root: no machine path
+    assert records[1].video_path == "videos/sub/b.avi"
     assert dead_by_line(cfg) == {4: "end_beyond_duration", 5: "start_ge_end", 6: "negative_start", 7: "not_finite",
                                  8: "empty_query", 9: "missing_video", 10: "unprobeable_video", 11: "unparsable",
                                  12: "unparsable"}

@@ -14,6 +14,7 @@ from training.metrics import RUN_PERF_KEYS
 from vtg import lineage
 from vtg.config import config_hash
 from vtg.net import check_tracking_server
+from vtg.sources import describe
 from vtg.util import flatten
 
 LOSS_KEY = "train/loss"
@@ -62,6 +63,7 @@ class StageMLflow(Callback):
         parent = os.environ.get(lineage.ENV_PARENT_RUN_ID)
         resume_id = info.get("mlflow_run_id")  # continue the same run after a resume
         tags = {lineage.TAG_STAGE: self.stage, lineage.TAG_DATA_VERSION: info["data_version"],
+                lineage.TAG_DATA_SOURCES: describe(info.get("data_sources") or []),
                 lineage.TAG_GIT_COMMIT: info["git_commit"], lineage.TAG_CONFIG_HASH: config_hash(self.cfg),
                 **self.extra_tags(info)}
         if os.environ.get(lineage.ENV_PREFECT_FLOW_RUN_ID):

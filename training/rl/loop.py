@@ -52,7 +52,7 @@ from vtg.config._base import trajectory_view, view_hash
 from vtg.errors import VTGError
 from vtg.model.modeling import load_model_and_tokenizer, torch_dtype
 from vtg.model.processing import VisionParams
-from vtg.shards import data_version
+from vtg.shards import data_sources, data_version
 
 log = logging.getLogger("training.rl")
 
@@ -99,6 +99,7 @@ class GRPOTrainer:
         self.parent_meta = ckpt.read_checkpoint_meta(self.parent)
         self.hash = rl_hash(cfg, parent_digest(self.parent))
         self.data_version = broadcast(data_version(cfg.train.shards_dir) if d.is_main else None, d)
+        self.data_sources = broadcast(data_sources(cfg.train.shards_dir) if d.is_main else None, d)
         if self.parent_meta.get("data_version") != self.data_version:
             raise VTGError(f"{self.parent} was trained on data {str(self.parent_meta.get('data_version'))[:12]}, the "
                            f"shards are now {self.data_version[:12]}: retrain SFT first (`dvc repro train`)")
@@ -261,8 +262,9 @@ class GRPOTrainer:
         last = self.state.history[-1] if self.state.history else {}
         parent = ckpt.parent_ref(Path(self.rcfg.out_dir) / ckpt.step_dir_name(step), self.parent)
         meta = {"stage": STAGE, "parent_checkpoint": parent, "parent_step": pm.get("step"),
-                "data_version": self.data_version, "git_commit": lineage.git_commit(),
-                "config_hash": config_hash(self.cfg), RL_KEY: self.hash, "train_hash": pm.get("train_hash"),
+                "data_version": self.data_version, "data_sources": self.data_sources,
+                "git_commit": lineage.git_commit(), "config_hash": config_hash(self.cfg), RL_KEY: self.hash,
+                "train_hash": pm.get("train_hash"),
                 "finetune": pm.get("finetune"), "base": pm.get("base"), "base_path": pm.get("base_path"),
                 "deterministic": self.cfg.train.deterministic,
                 "samples_seen": step * self.rcfg.queries_per_step * self.rcfg.group_size,
@@ -278,7 +280,8 @@ class GRPOTrainer:
         r = self.rcfg
         return {"parent": str(self.parent), "parent_step": self.parent_meta.get("step"), "start_step": self.state.step,
                 "world_size": self.dist.world_size, "data_version": self.data_version,
-                "git_commit": lineage.git_commit(), "pool": len(self.state.pool), "difficulty": self.state.difficulty,
+                "data_sources": self.data_sources, "git_commit": lineage.git_commit(), "pool": len(self.state.pool),
+                "difficulty": self.state.difficulty,
                 "batch": f"{r.queries_per_step} queries x {r.group_size} answers",
                 "mlflow_run_id": self.resumed_meta.get("mlflow_run_id")}
 

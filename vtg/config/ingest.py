@@ -5,9 +5,14 @@ from typing import Literal
 from pydantic import Field
 
 from vtg.config._base import NOT_OUTPUT, Section
+from vtg.sources import SYNTHETIC, SourceDecl
 
 
 class IngestConfig(Section):
+    sources: list[SourceDecl] = Field(default_factory=lambda: [SYNTHETIC])
+    """Every data source, declared once: id, licence (SPDX id or `LicenseRef-<name>`), origin (URL or citation),
+    terms of use and the roots its annotation files and videos live under (`vtg.sources`). An annotation file under
+    no root is refused; records carry the source id and licence, and paths relative to the root."""
     annotations: list[str] = Field(default_factory=lambda: ["data/raw/synthetic/annotations"])
     """Annotation files or directories of them (Charades-STA .txt, QVHighlights .jsonl, ActivityNet .json, native .jsonl)."""
     format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vtg.config._base import NOT_OUTPUT, Section
 
@@ -213,6 +213,9 @@ class PreprocessConfig(Section):
     ends or spanning most of it (counted and listed; filtered only for the flags in `filter`)."""
     split_fractions: dict[str, float] = Field(default_factory=lambda: {"train": 0.6, "val": 0.2, "test": 0.2})
     """Fractions of source videos (or duplicate clusters) per split, by a stable hash."""
+    allowed_licences: list[str] = Field(default_factory=list)
+    """Licences a record's source may have to reach a shard (SPDX ids or `LicenseRef-<name>`, as declared in
+    `ingest.sources`); any other is filtered `licence_not_allowed`, with its source and licence. Empty: all."""
     samples_per_shard: int = Field(500, ge=1)
     """Maximum samples per tar shard."""
     runner: Literal["direct", "dataflow", "flink", "spark"] = Field("direct", json_schema_extra=NOT_OUTPUT)
@@ -231,6 +234,13 @@ class PreprocessConfig(Section):
         if self.family not in FAMILIES:
             raise ValueError(f"family {self.family!r} is not a model family here (known: {', '.join(FAMILIES)})")
         return self
+
+    @field_validator("allowed_licences")
+    @classmethod
+    def _licences_known(cls, v: list[str]) -> list[str]:
+        from vtg.sources import check_licence
+
+        return [check_licence(x) for x in v]
 
     @model_validator(mode="after")
     def _splits_valid(self) -> "PreprocessConfig":

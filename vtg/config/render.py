@@ -7,7 +7,8 @@ Layout: the header comment, then one block per top-level section (separated by a
 `key: value  # docstring` with the value in YAML flow style (`[0.3, 0.5, 0.7]`, `{test: 0.1, train: 0.8, val: 0.1}`,
 strings quoted where a flow collection would need it, e.g. `'sqlite:///mlflow.db'`); a nested section is
 `key:  # docstring` followed by its fields, indented two more spaces. A mapping of lists (e.g.
-`preprocess.runner_profiles`) is written one entry per line. Multi-line docstrings become one-line comments.
+`preprocess.runner_profiles`) is written one entry per line, a list of mappings (`ingest.sources`) one `- {...}`
+item per line. Multi-line docstrings become one-line comments.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def _section_lines(section: BaseModel, indent: int) -> list[str]:
         if isinstance(value, BaseModel):
             lines.append(_line(indent, name, None, field.description))
             lines.extend(_section_lines(value, indent + 1))
+        elif isinstance(data[name], list) and data[name] and all(isinstance(v, dict) for v in data[name]):
+            lines.append(_line(indent, name, None, field.description))
+            lines.extend(f"{INDENT * (indent + 1)}- {_flow(v)}" for v in data[name])
         elif isinstance(data[name], dict) and any(isinstance(v, (dict, list)) for v in data[name].values()):
             lines.append(_line(indent, name, None, field.description))
             lines.extend(f"{INDENT * (indent + 1)}{k}: {_flow(v)}" for k, v in data[name].items())
