@@ -24,6 +24,7 @@ COPY evaluation ./evaluation
 RUN pip install -c /tmp/constraints.txt --no-deps . \
  && pip install -c /tmp/constraints.txt "apache-beam==2.77.0" "pydantic>=2.7" pyyaml "numpy>=2,<2.5" pillow \
       "opencv-python-headless>=4.10" "datasketch==2.0.0" "webdataset==1.0.2" tqdm rich matplotlib "dvc-s3==3.3.0" \
+      "distributed==2026.8.0" \
  && pip install --no-deps -c /tmp/constraints.txt "scenedetect==0.7.2" \
- && python -c "import apache_beam, cv2, datasketch, beam_jobs, vtg; print('beam worker ok')"
+ && python -c "import apache_beam, cv2, datasketch, distributed, beam_jobs, vtg; print('beam worker ok')"
 # ENTRYPOINT stays the SDK image's /opt/apache/beam/boot.
