@@ -44,6 +44,8 @@ class StreamSpec:
     shuffle_buffer: int = 256
     micro_batch_size: int = 16
     token_budget: int = 0
+    length_groups: int = 0
+    """Batches per length-sorted group (`train.data.length_groups`); 0: batches in stream order."""
     max_seq_len: int = 2048
     skip_batches: int = 0
     """Batches of this rank's stream already consumed (exact resume)."""
@@ -201,6 +203,33 @@ def token_budget_batches(examples: Iterator[dict], max_batch: int, token_budget:
         yield batch
 
 
+def length_grouped_batches(examples: Iterator[dict], max_batch: int, token_budget: int, groups: int,
+                           rng: random.Random) -> Iterator[list[dict]]:
+    """Batches of examples of similar length: take `groups` x `max_batch` examples (already shuffled), sort them by
+    token count (ties by key: deterministic), cut them into batches as `token_budget_batches` does, and yield those
+    batches in an order drawn from `rng`. So few pad tokens and still a random order of batches; the same stream and
+    seed give the same batches (exact resume by skipping batches). `groups=0`: `token_budget_batches` as is."""
+    if groups <= 0:
+        yield from token_budget_batches(examples, max_batch, token_budget)
+        return
+    it = iter(examples)
+    while pool := list(islice(it, groups * max_batch)):
+        pool.sort(key=lambda ex: (ex["n_tokens"], ex["key"]))
+        batches = list(token_budget_batches(iter(pool), max_batch, token_budget))
+        rng.shuffle(batches)
+        yield from batches
+
+
+def padding_fraction(batches: Iterator[list[dict]]) -> tuple[float, int]:
+    """(share of a stream's padded tokens that are padding, real tokens) for raw batches with `n_tokens`."""
+    real = padded = 0
+    for b in batches:
+        lengths = [ex["n_tokens"] for ex in b]
+        real += sum(lengths)
+        padded += max(lengths) * len(lengths)
+    return (1 - real / padded if padded else 0.0), real
+
+
 class ShardStream(torch.utils.data.IterableDataset):
     """The training stream of one rank; each DataLoader worker runs its own disjoint part of it."""
 
@@ -226,7 +255,8 @@ class ShardStream(torch.utils.data.IterableDataset):
         examples = Expander(self.tokenizer, self.vision, errors)(samples)
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
         examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
-        batches = token_budget_batches(examples, s.micro_batch_size, s.token_budget)
+        order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged
+        batches = length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
         return islice(batches, skip, None)
 
     def encode(self, raw: list[dict], errors: ErrorLog) -> list[dict]:

@@ -202,7 +202,8 @@ class Trainer:
         d = self.tcfg.data
         spec = StreamSpec(urls=tuple(self.urls), seed=self.tcfg.seed, resampled=d.resampled,
                           shuffle_buffer=d.shuffle_buffer, micro_batch_size=self.tcfg.micro_batch_size,
-                          token_budget=d.token_budget, max_seq_len=d.max_seq_len, skip_batches=self.state.batches)
+                          token_budget=d.token_budget, length_groups=d.length_groups, max_seq_len=d.max_seq_len,
+                          skip_batches=self.state.batches)
         return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
 
     def run_info(self) -> dict:

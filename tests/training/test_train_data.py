@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from training.data import StreamSpec, make_loader, resolve_urls, token_budget_batches
+from training.data import (
+    StreamSpec,
+    length_grouped_batches,
+    make_loader,
+    padding_fraction,
+    resolve_urls,
+    token_budget_batches,
+)
 from vtg.errors import VTGError
 from vtg.model.processing import VisionParams
 from vtg.shards import member_key
@@ -87,10 +94,29 @@ def test_split_by_node_gives_disjoint_streams(shards_dir, tiny_tokenizer, monkey
     assert len(seen[0] | seen[1]) == 48
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_position_reproduces_the_stream(shards_dir, tiny_tokenizer, workers):
+@pytest.mark.parametrize(("workers", "groups"), [(0, 0), (2, 0), (0, 3), (2, 3)])
+def test_resume_position_reproduces_the_stream(shards_dir, tiny_tokenizer, workers, groups):
     urls = resolve_urls(str(shards_dir), "train")
-    full = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9, workers)]
+    full = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9, workers, length_groups=groups)]
     for k in (4, 5):
-        rest = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9 - k, workers, skip_batches=k)]
+        rest = [b["keys"] for b in _batches(urls, tiny_tokenizer, 9 - k, workers, skip_batches=k,
+                                            length_groups=groups)]
         assert rest == full[k:]
+
+
+def test_length_groups_cut_padding_keep_every_example_and_shuffle_the_batches():
+    import random
+
+    rng = random.Random(0)
+    exs = [{"key": f"k{i}", "n_tokens": rng.choice([40, 60, 90, 150, 300])} for i in range(480)]
+    plain = list(token_budget_batches(iter(exs), max_batch=8, token_budget=0))
+    grouped = list(length_grouped_batches(iter(exs), 8, 0, 6, random.Random(1)))
+    again = list(length_grouped_batches(iter(exs), 8, 0, 6, random.Random(1)))
+    assert [[e["key"] for e in b] for b in grouped] == [[e["key"] for e in b] for b in again]  # deterministic
+    assert sorted(e["key"] for b in grouped for e in b) == sorted(e["key"] for e in exs)  # each example once
+    assert padding_fraction(iter(plain))[0] > 0.5 and padding_fraction(iter(grouped))[0] < 0.15
+    firsts = [b[0]["n_tokens"] for b in grouped[:6]]  # one group's batches, not in length order
+    assert firsts != sorted(firsts)
+    budget = list(length_grouped_batches(iter(exs), 8, 600, 6, random.Random(1)))
+    assert all(max(e["n_tokens"] for e in b) * len(b) <= 600 or len(b) == 1 for b in budget)
+    assert list(length_grouped_batches(iter(exs), 8, 0, 0, random.Random(1))) == plain  # 0: stream order

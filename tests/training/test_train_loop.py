@@ -39,8 +39,10 @@ def test_loss_falls_zero2(shards_dir, tmp_path):
     assert meta["step"] == 30 and meta["finetune"] == "full" and meta["data_version"]
 
 
-def test_exact_resume_is_bit_equal(shards_dir, tmp_path):
-    common = ("train.max_steps=6", "train.save_every=3", "train.data.num_workers=1")
+@pytest.mark.parametrize("groups", [0, 2])
+def test_exact_resume_is_bit_equal(shards_dir, tmp_path, groups):
+    common = ("train.max_steps=6", "train.save_every=3", "train.data.num_workers=1",
+              f"train.data.length_groups={groups}")
     straight = train(train_config(shards_dir, tmp_path / "a", *common))["losses"]
     first = train(train_config(shards_dir, tmp_path / "b", *common), stop_after=3)["losses"]
     assert read_checkpoint_meta(tmp_path / "b" / "latest")["step"] == 3

@@ -40,6 +40,10 @@ class DataConfig(Section):
     """Repeat the shard list forever, reshuffled each epoch (multi-epoch; `max_steps` ends the run)."""
     token_budget: int = Field(0, ge=0)
     """Max padded tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size); 0: off."""
+    length_groups: int = Field(0, ge=0)
+    """Batch examples of similar length: sort each `length_groups` x `micro_batch_size` shuffled examples by length,
+    cut them into batches (under `token_budget`), shuffle the batches. Removes most padding where lengths vary
+    (`preprocess.frame_mode: family`, real videos); 0: batches in stream order."""
     max_seq_len: int = Field(2048, ge=16)
     """Longest example in tokens; a longer one would truncate its answer and is skipped (and fails sanity checks)."""
     timestamps: Literal["native", "text"] = "native"
