@@ -58,10 +58,14 @@ test-heavy: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(ARGS)
 
-# Every benchmark in benchmarks/ (each prints ratios against baselines measured in the same run; long: the
-# preprocess one alone took ~20 min here, building and measuring 112- and 448-px corpora).
+# Every benchmark in benchmarks/, run as `python -m benchmarks.<name>` (each prints ratios against baselines measured
+# in the same run and writes them, with date, commit and load average, to reports/bench/<name>.json), then one table
+# of all ratios. Long: the preprocess one alone took ~20 min here (112- and 448-px corpora of 1200 videos).
+# A subset or other sizes: make bench BENCHMARKS="train rl" BENCH_ARGS_preprocess="--n-videos 600 --size 448"
+BENCHMARKS ?= $(filter-out __init__ figures,$(basename $(notdir $(wildcard benchmarks/*.py))))
 bench: setup
-	set -e; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+	set -e; $(foreach b,$(BENCHMARKS),echo "== benchmarks.$(b)"; $(PY) -m benchmarks.$(b) $(BENCH_ARGS_$(b));) \
+	  $(PY) -m benchmarks.figures
 
 dry-run: setup
 	$(PY) -m vtg.config $(ARGS)

@@ -2,26 +2,27 @@
 
 1. wall time of the `post-training` flow (`python -m flows`, ephemeral Prefect API, MLflow, content keys, the
    embedded evaluator process, the report) vs calling the same stage CLIs directly one after another
-   (corpus, ingest, preprocess, train, evaluate: the commands dvc.yaml runs)                  -> ratio and seconds
+   (corpus, ingest, preprocess, train, rl, evaluate: the commands dvc.yaml runs)              -> ratio and seconds
 2. delay from a checkpoint being saved (training's hook) to its evaluation starting (embedded evaluator).
 3. a second flow run with unchanged inputs (every step skipped by content) vs the first.
 
-    python benchmarks/orchestration.py [--real [--full]] [--steps 8] [--served] [--json out.json]
+    python -m benchmarks.orchestration [--real [--full]] [--steps 8] [--served] [--json PATH]
 
 `--served` also measures the event path: `python -m flows.serve` on a free port, `prefect deployment run`, and the
 delay from `checkpoint.saved` to the triggered evaluate-checkpoint run starting (serve polls every 2 s).
 
 By default the stages are the tiny stand-ins of tests/flows/standins (so the numbers isolate the orchestration
 cost); `--real` uses the real stages at a tiny scale (minutes); `--real --full` at the embedded default's own scale
-(params.yaml unchanged: ~6 min per side on 2 cores), the setting the <= 1.15x target is about. With `--real`, each
-side runs in its own fresh git + DVC project holding a copy of the code (a user's clone), so the flow pays for
-its dvc.lock checks and `dvc commit`s; the report's per-step table says where the flow's extra seconds go.
+(params.yaml unchanged: ~6 min per side on 2 cores), the setting the <= 1.15x target is about. Each side runs in
+its own fresh git + DVC project holding a copy of the code (a user's clone), so the flow pays for its dvc.lock
+checks and `dvc commit`s, and its rerun can skip by content; the report's per-step table says where the flow's
+extra seconds go.
+The JSON's ratios: `flow_vs_direct` (1) and `rerun_vs_first` (3); the delays (2) are figures, in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -31,25 +32,26 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.figures import REPO, Run, default_json
+
 STANDINS = REPO / "tests" / "flows" / "standins"
 PY = sys.executable
 
 STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest",
-           "preprocess": "standin_stages.preprocess", "train": "standin_stages.train",
+           "preprocess": "standin_stages.preprocess", "train": "standin_stages.train", "rl": "standin_stages.rl",
            "evaluate": "standin_stages.evaluate_cli"}
 REAL = {"corpus": "corpus", "ingest": "ingest", "preprocess": "beam_jobs.preprocess",
-        "train": "training", "evaluate": "evaluation"}
+        "train": "training", "rl": "training.rl", "evaluate": "evaluation"}
 
 
 def overrides(real: bool, steps: int, full: bool = False) -> list[str]:
     if full:
         return []
-    common = [f"train.max_steps={steps}", f"train.save_every={max(1, steps // 4)}", "train.keep_last=10"]
+    common = [f"train.max_steps={steps}", f"train.save_every={max(1, steps // 4)}", "train.keep_last=10",
+              f"rl.max_steps={steps}", f"rl.save_every={max(1, steps // 4)}"]
     if real:
         return common + ["corpus.n_videos=40", "evaluate.max_examples=16"]
-    return common + ["corpus.n_videos=10"] + [f"orchestration.stages.{k}={v}" for k, v in STANDIN.items()
-                                              if k != "evaluate"] + [
+    return common + ["corpus.n_videos=10"] + [f"orchestration.stages.{k}={v}" for k, v in STANDIN.items()] + [
         "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint"]
 
 
@@ -104,7 +106,7 @@ def direct(d: Path, mods: dict[str, str], ov: list[str]) -> dict[str, float]:
     """The same stages, called one after another with no orchestration (what a shell script would do)."""
     env = env_for(d)
     args = ["--params", "params.yaml", *ov]
-    stages = ("corpus", "ingest", "preprocess", "train", "evaluate")  # evaluate: every checkpoint on val, best on test
+    stages = ("corpus", "ingest", "preprocess", "train", "rl", "evaluate")  # evaluate: every checkpoint, best on test
     return {s: round(timed([PY, "-m", mods[s], *args], d, env), 1) for s in stages}
 
 
@@ -148,48 +150,49 @@ def served_delays(root: Path, ov: list[str]) -> list[float]:
     return delays(d)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", action="store_true", help="real stages at a tiny scale instead of stand-ins")
     parser.add_argument("--full", action="store_true", help="with --real: the embedded default's own scale")
-    parser.add_argument("--steps", type=int, default=8, help="training steps (4 checkpoints)")
+    parser.add_argument("--steps", type=int, default=8, help="SFT and RL steps (4 checkpoints each)")
     parser.add_argument("--served", action="store_true", help="also measure the served event path")
-    parser.add_argument("--json", default=None, help="also write the numbers here")
-    args = parser.parse_args()
+    parser.add_argument("--json", default=default_json("orchestration"), help="where to write the figures")
+    args = parser.parse_args(argv)
+    run = Run.start()
     ov = overrides(args.real, args.steps, args.full and args.real)
     with tempfile.TemporaryDirectory(prefix="vtg-bench-orch-") as tmp:
         root = Path(tmp)
-        per_stage = direct(fresh_dir(root, "direct", args.real), REAL if args.real else STANDIN, ov)
+        per_stage = direct(fresh_dir(root, "direct", project=True), REAL if args.real else STANDIN, ov)
         t_direct = sum(per_stage.values())
-        d = fresh_dir(root, "flow", args.real)
+        d = fresh_dir(root, "flow", project=True)
         t_flow = flow(d, ov)
         breakdown = flow_breakdown(d)
         t_again = flow(d, ov)
         lag = delays(d)
         served = served_delays(root, ov) if args.served else []
     scale = "default" if args.full and args.real else "tiny"
+    ratios = {"flow_vs_direct": t_flow / t_direct, "rerun_vs_first": t_again / t_flow}
     out = {"stages": "real" if args.real else "stand-in", "scale": scale, "direct_s": round(t_direct, 1),
            "direct_per_stage_s": per_stage, "flow_s": round(t_flow, 1), "flow_breakdown": breakdown,
-           "overhead_s": round(t_flow - t_direct, 1), "flow_vs_direct": round(t_flow / t_direct, 2),
-           "flow_rerun_unchanged_s": round(t_again, 1), "rerun_vs_first": round(t_again / t_flow, 2),
+           "overhead_s": round(t_flow - t_direct, 1), "flow_rerun_unchanged_s": round(t_again, 1),
            "ckpt_to_eval_start_s": {"mean": round(statistics.mean(lag), 2), "max": round(max(lag), 2),
                                     "n": len(lag)} if lag else None,
            "served_ckpt_to_eval_start_s": {"mean": round(statistics.mean(served), 2), "max": round(max(served), 2),
                                            "n": len(served)} if served else None}
     print(f"stages: {out['stages']} ({scale} scale), {len(lag)} checkpoints")
     print(f"direct stage CLIs   : {t_direct:7.1f} s   {per_stage}")
-    print(f"post-training flow  : {t_flow:7.1f} s   ratio {out['flow_vs_direct']:.2f}x   overhead {out['overhead_s']:+.1f} s")
+    print(f"post-training flow  : {t_flow:7.1f} s   ratio {ratios['flow_vs_direct']:.2f}x   overhead "
+          f"{out['overhead_s']:+.1f} s")
     print(f"  of which stage processes {breakdown['stage_processes_s']} s, dvc.lock checks + commits "
           f"{breakdown['dvc_lock_s']} s, the rest Prefect (ephemeral API start, task runs), MLflow runs, the "
           "evaluator process and the report")
-    print(f"flow, inputs same   : {t_again:7.1f} s   ({out['rerun_vs_first']:.2f}x of the first run; steps cached)")
+    print(f"flow, inputs same   : {t_again:7.1f} s   ({ratios['rerun_vs_first']:.2f}x of the first run; steps cached)")
     if lag:
         print(f"checkpoint saved -> evaluation start: mean {statistics.mean(lag):.2f} s, max {max(lag):.2f} s")
     if served:
         print(f"served (checkpoint.saved event -> triggered run): mean {statistics.mean(served):.2f} s, "
               f"max {max(served):.2f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    run.write(args.json, "orchestration", ratios=ratios, figures={"steps": args.steps, **out})
 
 
 if __name__ == "__main__":

@@ -6,17 +6,17 @@
 2. the split of one RL step: rollout seconds vs update seconds (teacher-forced forward + backward + ZeRO step),
    and the whole step vs the plain generate of the same batch.
 
-    python benchmarks/rl.py [--steps 12] [--checkpoint DIR] [--json out.json]
+    python -m benchmarks.rl [--steps 12] [--sft-steps 60] [--checkpoint DIR --shards DIR] [--json PATH]
 
-Without `--checkpoint` it builds fixture shards and a short SFT (tiny model) in a temp folder; pass a real SFT
-checkpoint (e.g. `checkpoints/sft/step-001500` after `make run`) to measure the embedded default's model. Ratios
-are what matter; absolute times depend on the machine's load.
+Without `--checkpoint` it builds synthetic shards and a short SFT (`--sft-steps` of the tiny model) in a temp
+folder; pass a real SFT checkpoint (e.g. `checkpoints/sft/step-001500` after `make run`) and its shards to measure
+the embedded default's model. Ratios are what matter; absolute times depend on the machine's load. The JSON's
+ratios: `rollout_tokens_per_s_vs_plain` (1), `rollout_share_of_step` and `step_vs_plain_generate` (2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,28 +24,28 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "training"))
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+from benchmarks.figures import REPO, Run, default_json
 
 
-def build(tmp: Path, checkpoint: str | None, steps: int, shards: str | None):
-    from train_fixtures import train_config, write_fixture_shards
+def build(tmp: Path, checkpoint: str | None, steps: int, shards: str | None, sft_steps: int):
+    """The run's config; without `checkpoint`, first synthetic shards and a `sft_steps` SFT of the tiny model."""
+    from vtg.config import load_config
+    from vtg.shards import write_synthetic_shards
 
-    shards_dir = Path(shards) if shards else write_fixture_shards(tmp / "shards", n_train=24, n_val=6)
-    overrides = [f"evaluate.shards_dir={shards_dir}", f"evaluate.out_dir={tmp / 'eval'}",
-                 f"evaluate.store_dir={tmp / 'store'}", f"rl.out_dir={tmp / 'rl'}", f"rl.report_dir={tmp / 'rlrep'}",
-                 f"rl.max_steps={steps}", "rl.save_every=100000", "rl.progress=false", "rl.kl_every=0",
-                 "rl.resume=never", "train.max_steps=60", "train.micro_batch_size=8", "train.save_every=1000"]
-    if checkpoint:
-        overrides.append(f"rl.init={checkpoint}")
-        cfg = train_config(shards_dir, tmp / "sft", *overrides)
-    else:
+    shards_dir = Path(shards) if shards else write_synthetic_shards(tmp / "shards", 24, 6, 2, 0, source="fixture")
+    overrides = [f"train.shards_dir={shards_dir}", f"train.out_dir={tmp / 'sft'}", f"train.max_steps={sft_steps}",
+                 "train.micro_batch_size=8", "train.save_every=1000", "train.log_every=1", "train.progress=false",
+                 "train.data.num_workers=0", "train.data.shuffle_buffer=16", "train.data.sanity_examples=4",
+                 "train.guards.min_steps=1000", "train.teach.steps=0", "tracking.enabled=false",
+                 f"evaluate.shards_dir={shards_dir}", f"evaluate.out_dir={tmp / 'eval'}",
+                 f"evaluate.store_dir={tmp / 'store'}", "evaluate.forgetting.suite=", f"rl.out_dir={tmp / 'rl'}",
+                 f"rl.report_dir={tmp / 'rlrep'}", f"rl.max_steps={steps}", "rl.save_every=100000",
+                 "rl.progress=false", "rl.kl_every=0", "rl.resume=never",
+                 f"rl.init={checkpoint}" if checkpoint else "rl.init=latest"]
+    cfg = load_config(REPO / "params.yaml", None, overrides)
+    if not checkpoint:
         from training.loop import train
 
-        cfg = train_config(shards_dir, tmp / "sft", *overrides, "rl.init=latest")
         train(cfg)
     return cfg
 
@@ -86,15 +86,19 @@ def plain_generate(trainer, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=12, help="RL steps measured (the first 2 warm up when > 4)")
+    ap.add_argument("--sft-steps", type=int, default=60, help="steps of the SFT built without --checkpoint")
     ap.add_argument("--checkpoint", default=None, help="an SFT checkpoint to start from (default: build one)")
     ap.add_argument("--shards", default=None, help="shard root of the checkpoint's data (with --checkpoint)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=default_json("rl"), help="where to write the figures")
     args = ap.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    run = Run.start()
     from training.rl.loop import GRPOTrainer
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = build(Path(d), args.checkpoint, args.steps, args.shards)
+        cfg = build(Path(d), args.checkpoint, args.steps, args.shards, args.sft_steps)
         trainer = GRPOTrainer(cfg, callbacks=[])
         try:
             rows = [trainer.train_step() for _ in range(args.steps)]
@@ -115,18 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         "update_s_per_step": statistics.mean(r["update_s"] for r in warm),
         "plain_generate_s_per_step": gen_s / len(warm),
     }
-    res["rollout_tokens_per_s_ratio"] = res["rl_rollout_tokens_per_s"] / res["plain_generate_tokens_per_s"]
-    res["rollout_share_of_step"] = roll / (roll + upd)
-    res["step_vs_plain_generate"] = (roll + upd) / gen_s
     res["note"] = (f"plain generate sampled {gen_tokens_ratio:.2f}x the RL rollout's answer tokens (same prompts, "
                    "other random draws)")
+    ratios = {"rollout_tokens_per_s_vs_plain": res["rl_rollout_tokens_per_s"] / res["plain_generate_tokens_per_s"],
+              "rollout_share_of_step": roll / (roll + upd), "step_vs_plain_generate": (roll + upd) / gen_s}
     print(f"rollout tokens/s: RL {res['rl_rollout_tokens_per_s']:.0f} vs plain generate "
-          f"{res['plain_generate_tokens_per_s']:.0f} -> {res['rollout_tokens_per_s_ratio']:.2f}x")
+          f"{res['plain_generate_tokens_per_s']:.0f} -> {ratios['rollout_tokens_per_s_vs_plain']:.2f}x")
     print(f"one RL step: rollout {res['rollout_s_per_step']:.3f} s + update {res['update_s_per_step']:.3f} s "
-          f"(rollout {res['rollout_share_of_step']:.0%} of the step) = {res['step_vs_plain_generate']:.2f}x a plain "
-          f"generate of the same batch ({res['plain_generate_s_per_step']:.3f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+          f"(rollout {ratios['rollout_share_of_step']:.0%} of the step) = {ratios['step_vs_plain_generate']:.2f}x a "
+          f"plain generate of the same batch ({res['plain_generate_s_per_step']:.3f} s)")
+    run.write(args.json, "rl", ratios=ratios, figures={
+        "steps": args.steps, "checkpoint": args.checkpoint or f"built: {args.sft_steps} SFT steps, tiny model", **res})
     return 0
 
 

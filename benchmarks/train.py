@@ -5,16 +5,17 @@
 2. loader throughput: encoded examples/s from shards (frames already extracted) vs decoding the source videos
    at train time (open the mp4, decode up to the window, sample the same frames, resize)            [>= 10x]
 
-    python benchmarks/train.py [--steps 60] [--videos 24] [--json out.json]
+    python -m benchmarks.train [--steps 60] [--videos 24] [--examples 200] [--json PATH]
 
 The data are built here (synthetic mp4s at the corpus's defaults and shards cut from them), so both sides of
-each comparison see identical content. Ratios are what matter; absolute times depend on the machine's load.
+each comparison see identical content. Ratios are what matter; absolute times depend on the machine's load. The
+JSON's ratios: `step_time_vs_plain` (1), `loader_corpus_vs_decode` and `loader_camera_vs_decode` (2, for sources at
+the corpus's size and at 360p).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.figures import REPO, Run, default_json
 from vtg.shards import SHARD_PATTERN, QueryMeta, SampleMeta, encode_jpeg, write_shard
 
 FRAMES, SIZE = 16, 56
@@ -144,9 +144,8 @@ def bench_steps(shards: Path, out_dir: Path, steps: int, tok) -> dict:
     from vtg.model.modeling import load_model_and_tokenizer
     from vtg.model.processing import VisionParams, model_inputs
 
-    repo = Path(__file__).resolve().parents[1]
     warm = 5
-    cfg = load_config(repo / "params.yaml", None, [
+    cfg = load_config(REPO / "params.yaml", None, [
         f"train.shards_dir={shards}", f"train.out_dir={out_dir}", f"train.max_steps={steps + warm}",
         f"train.save_every={10**6}", "train.log_every=1", "train.progress=false", "tracking.enabled=false",
         "train.resume=never"])
@@ -179,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="timed optimizer steps per loop")
     parser.add_argument("--videos", type=int, default=24, help="synthetic source videos")
     parser.add_argument("--examples", type=int, default=200, help="examples timed through each loader")
-    parser.add_argument("--json", default=None, help="also write the numbers here")
+    parser.add_argument("--json", default=default_json("train"), help="where to write the figures")
     args = parser.parse_args(argv)
+    run = Run.start()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import logging
@@ -210,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loader ({name} sources {width}x{height} @ {fps:g} fps, 10-30 s): shards {r['shards_workers0']:.0f} "
               f"ex/s in process, {r['shards_workers1']:.0f} ex/s with 1 worker vs decoding the source videos "
               f"{r['decode_videos']:.1f} ex/s -> {r['ratio']:.1f}x [target >= 10x]")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    loader = result["loader"]
+    run.write(args.json, "train", ratios={"step_time_vs_plain": steps["ratio"],
+                                          **{f"loader_{k}_vs_decode": v["ratio"] for k, v in loader.items()}},
+              figures={"steps": args.steps, "videos": args.videos, "examples": args.examples, **result})
     return 0
 
 

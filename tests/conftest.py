@@ -72,6 +72,7 @@ LAST = (  # longest first, so that no long file is left to run alone at the end
     "tests/flows/test_front_doors.py",  # with the shared `flow_door_run`
     "tests/faults/test_kill9.py",  # reads `flow_door_run` too
     "tests/flows/test_embedded_flow.py",
+    "tests/benchmarks/test_bench_orchestration.py",  # two flows on stand-in stages: ~2 min
     "tests/infra/test_infra_native_stack.py",
     "tests/training/test_rl_loop.py",
     "tests/training/test_family_lifecycle.py",
