@@ -13,6 +13,8 @@ import pytest
 import torch
 from train_fixtures import REPO_ROOT, train_config, write_fixture_shards
 
+from vtg.errors import VTGError
+
 SFT_STEPS = 60
 
 
@@ -247,3 +249,14 @@ def test_rl_from_a_checkpoint_that_cannot_answer_warns_and_says_so(tmp_path, cap
     text = caplog.text
     assert text.count("every answer failed to parse") == 2 and "no RL step had a learning signal" in text
     assert json.loads((tmp_path / "rlrep" / "summary.json").read_text())["steps_without_signal"] == 2
+
+
+def test_rl_under_fsdp2_is_refused_before_it_loads_anything(tmp_path):
+    """FSDP2 cannot run generate's vision pass over sharded parameters (measured: a mixed Tensor/DTensor
+    convolution on the first rollout): the stage says so at once, naming what to use."""
+    from training.rl.loop import run_rl
+
+    cfg = _cfg(tmp_path, tmp_path / "shards", tmp_path / "sft", "train.strategy=fsdp")
+    with pytest.raises(VTGError, match=r"FSDP2 cannot run the RL stage yet .* train.strategy=deepspeed"):
+        run_rl(cfg)
+    assert not list((tmp_path / "rl").glob("step-*"))

@@ -5,8 +5,10 @@ One step = one rollout and `rl.updates_per_rollout` optimizer steps:
    rank its share), sample `group_size` answers each with the policy's `generate`;
 2. reward each answer with the temporal IoU of its span (`training.rl.algo.span_reward`), normalise rewards
    within each group (advantages);
-3. teacher-force the sampled tokens through the engine (DeepSpeed ZeRO 0-3 or FSDP2, built from `rl`'s engine
+3. teacher-force the sampled tokens through the engine (DeepSpeed ZeRO 0-3, built from `rl`'s engine
    settings) and step on the clipped surrogate (+ beta x k3 KL to the frozen start policy, - entropy bonus).
+Every pass (sampling, the reference, the update's micro-batches) encodes each query's video once for its G rows
+(`training.rl.rollout`); `steps.csv` times each phase (`training.rl.outputs.PHASES`).
 
 Around the steps, the run lifecycle SFT uses (`training.lifecycle`): the lock, exact resume (the run state: step,
 pool, metric history; the RNG, sampling included), checkpoints under `rl.out_dir` with the SFT contract (meta.json
@@ -37,6 +39,7 @@ from training.engine import EngineSettings, build_engine
 from training.lifecycle import RunLifecycle
 from training.rl import algo
 from training.rl.outputs import STAGE, STEP_METRICS, run_summary, write_outputs
+from training.rl.phases import PhaseClock
 from training.rl.rollout import Rollout, encode_prompts, sample, teacher_forced_logits, vision_token_ids
 from training.rl.start import (
     difficulty_filter,
@@ -89,6 +92,10 @@ class GRPOTrainer:
         cfg, r, d = self.cfg, self.rcfg, self.dist
         if r.num_gpus != d.world_size:
             log.warning("rl.num_gpus=%d but running on %d rank(s)", r.num_gpus, d.world_size)
+        if cfg.train.strategy == "fsdp":  # measured: transformers' generate runs the vision tower before FSDP2 has
+            # gathered the root module's parameters (aten.convolution: mixed torch.Tensor and DTensor)
+            raise VTGError("rl: FSDP2 cannot run the RL stage yet (generate's vision pass meets sharded parameters); "
+                           "run it with train.strategy=deepspeed (ZeRO 0-3)")
         if r.queries_per_step % d.world_size:
             raise VTGError(f"rl.queries_per_step={r.queries_per_step} does not split over {d.world_size} ranks")
         set_determinism(cfg.train.deterministic)
@@ -134,15 +141,16 @@ class GRPOTrainer:
         self.run.release()
 
     # ---- one step ------------------------------------------------------------------------------------------
-    def _rollout(self, step: int) -> tuple[Rollout, list, torch.Tensor, dict]:
+    def _rollout(self, step: int, clock: PhaseClock) -> tuple[Rollout, list, torch.Tensor, dict]:
         r, d = self.rcfg, self.dist
         ids = step_queries(len(self.state.pool), step, r.queries_per_step, r.seed)
         share = r.queries_per_step // d.world_size
         mine = [self.by_key[self.state.pool[i]] for i in ids[d.rank * share:(d.rank + 1) * share]]
         encoded = encode_prompts(self.tokenizer, mine, r.group_size, self.vision)
-        roll = sample(self.engine.module, self.tokenizer, encoded, temperature=r.temperature, top_p=r.top_p,
-                      max_new_tokens=r.max_new_tokens, device=self.device, dtype=self.dtype,
-                      synced=self.dist.world_size > 1 and (r.zero_stage == 3 or self.cfg.train.strategy == "fsdp"))
+        synced = self.dist.world_size > 1 and (r.zero_stage == 3 or self.cfg.train.strategy == "fsdp")
+        with clock.phase("generate_s"):
+            roll = sample(self.engine.module, self.tokenizer, encoded, temperature=r.temperature, top_p=r.top_p,
+                          max_new_tokens=r.max_new_tokens, device=self.device, dtype=self.dtype, synced=synced)
         scored = [algo.span_reward(text, mine[i // r.group_size].windows, r.format_reward)
                   for i, text in enumerate(roll.texts)]
         rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
@@ -161,7 +169,7 @@ class GRPOTrainer:
     def _ref_forward(self, inputs: dict):
         return self.ref(**inputs)
 
-    def _update(self, roll: Rollout, advantages: torch.Tensor, measure_kl: bool) -> dict:
+    def _update(self, roll: Rollout, advantages: torch.Tensor, measure_kl: bool, clock: PhaseClock) -> dict:
         r = self.rcfg
         n = len(roll.encoded)
         chunks = self._chunks(n)
@@ -173,53 +181,69 @@ class GRPOTrainer:
         with torch.no_grad():
             for c, rows in enumerate(chunks):
                 if need_ref:
-                    ref_logits = teacher_forced_logits(self._ref_forward, self.tokenizer, roll, rows, self.device,
-                                                       self.dtype, r.temperature, self.masked_ids)
-                    ref_logp[c] = algo.token_logprobs(ref_logits, tokens[rows])
+                    with clock.phase("ref_s"):
+                        ref_logits = teacher_forced_logits(self._ref_forward, self.tokenizer, roll, rows, self.device,
+                                                           self.dtype, r.temperature, self.masked_ids, self.ref)
+                        ref_logp[c] = algo.token_logprobs(ref_logits, tokens[rows])
                 if r.updates_per_rollout > 1:
-                    old_logits = teacher_forced_logits(self._forward, self.tokenizer, roll, rows, self.device,
-                                                       self.dtype, r.temperature, self.masked_ids)
-                    old_logp[c] = algo.token_logprobs(old_logits, tokens[rows])
+                    with clock.phase("old_s"):
+                        old_logits = teacher_forced_logits(self._forward, self.tokenizer, roll, rows, self.device,
+                                                           self.dtype, r.temperature, self.masked_ids,
+                                                           self.engine.module)
+                        old_logp[c] = algo.token_logprobs(old_logits, tokens[rows])
         acc = {"loss": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "clip_sum": 0.0, "tok": 0.0}
         for _ in range(r.updates_per_rollout):
             for c, rows in enumerate(chunks):
-                logits = teacher_forced_logits(self._forward, self.tokenizer, roll, rows, self.device, self.dtype,
-                                               r.temperature, self.masked_ids)
-                logp = algo.token_logprobs(logits, tokens[rows])
-                old = old_logp[c] if old_logp[c] is not None else logp.detach()
-                m = mask[rows]
-                loss, clip_frac = algo.policy_loss(logp, old, adv[rows], m, r.clip_eps)
-                # the engine averages its micro-batches equally: weigh each by its share of the rollout's sequences,
-                # so a short last chunk counts as much per sequence as the others (x1.0 when they divide evenly)
-                share = (rows.stop - rows.start) * len(chunks) / n
-                if r.entropy_coef > 0:
-                    ent = algo.token_entropy(logits)
-                    loss = loss - r.entropy_coef * algo.masked_mean(ent, m)
-                else:
-                    with torch.no_grad():
-                        ent = algo.token_entropy(logits.detach())
-                if ref_logp[c] is not None:
-                    kl = algo.k3_kl(logp, ref_logp[c])
-                    if r.kl_beta > 0:
-                        loss = loss + r.kl_beta * algo.masked_mean(kl, m)
-                    acc["kl_sum"] += float((kl.detach() * m).sum())
-                self.engine.backward(loss * share if share != 1 else loss)
-                self.engine.step()
-                t = float(m.sum())
+                with clock.phase("forward_s"):
+                    loss, share, stats = self._loss(roll, rows, tokens, mask, adv, old_logp[c], ref_logp[c])
+                with clock.phase("backward_s"):
+                    self.engine.backward(loss * share if share != 1 else loss)
+                with clock.phase("optimizer_s"):
+                    self.engine.step()
+                for k, v in stats.items():
+                    acc[k] += v
                 acc["loss"] += float(loss.detach()) / len(chunks)
-                acc["ent_sum"] += float((ent.detach() * m).sum())
-                acc["clip_sum"] += float(clip_frac) * t
-                acc["tok"] += t
         return acc
+
+    def _loss(self, roll: Rollout, rows: slice, tokens: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+              old: torch.Tensor | None, ref: torch.Tensor | None) -> tuple[torch.Tensor, float, dict]:
+        """One micro-batch's teacher-forced forward: (loss, its weight in the rollout, the metrics' sums)."""
+        r, n = self.rcfg, len(roll.encoded)
+        logits = teacher_forced_logits(self._forward, self.tokenizer, roll, rows, self.device, self.dtype,
+                                       r.temperature, self.masked_ids, self.engine.module)
+        logp = algo.token_logprobs(logits, tokens[rows])
+        old = old if old is not None else logp.detach()
+        m = mask[rows]
+        loss, clip_frac = algo.policy_loss(logp, old, adv[rows], m, r.clip_eps)
+        # the engine averages its micro-batches equally: weigh each by its share of the rollout's sequences,
+        # so a short last chunk counts as much per sequence as the others (x1.0 when they divide evenly)
+        share = (rows.stop - rows.start) * len(self._chunks(n)) / n
+        if r.entropy_coef > 0:
+            ent = algo.token_entropy(logits)
+            loss = loss - r.entropy_coef * algo.masked_mean(ent, m)
+        else:
+            with torch.no_grad():
+                ent = algo.token_entropy(logits.detach())
+        kl_sum = 0.0
+        if ref is not None:
+            kl = algo.k3_kl(logp, ref)
+            if r.kl_beta > 0:
+                loss = loss + r.kl_beta * algo.masked_mean(kl, m)
+            kl_sum = float((kl.detach() * m).sum())
+        t = float(m.sum())
+        stats = {"kl_sum": kl_sum, "ent_sum": float((ent.detach() * m).sum()), "clip_sum": float(clip_frac) * t,
+                 "tok": t}
+        return loss, share, stats
 
     def train_step(self) -> dict:
         r, st = self.rcfg, self.state
+        clock = PhaseClock(self.device)
         t0 = time.perf_counter()
-        roll, _, rewards, stats = self._rollout(st.step)
+        roll, _, rewards, stats = self._rollout(st.step, clock)
         advantages, flat = algo.group_advantages(rewards, r.group_size, scale=r.scale_rewards)
         t1 = time.perf_counter()
         measure_kl = r.kl_beta > 0 or (r.kl_every > 0 and (st.step + 1) % r.kl_every == 0)
-        upd = self._update(roll, advantages, measure_kl)
+        upd = self._update(roll, advantages, measure_kl, clock)
         t2 = time.perf_counter()
         sums = all_reduce_sum([stats["reward_sum"], stats["reward_sq"], stats["iou_sum"], stats["unparsed"],
                                stats["n"], upd["kl_sum"], upd["ent_sum"], upd["clip_sum"], upd["tok"], flat,
@@ -229,7 +253,8 @@ class GRPOTrainer:
         row = {"reward_mean": mean, "reward_std": math.sqrt(max(rsq / n - mean ** 2, 0.0)), "iou_mean": iou / n,
                "parse_failure_rate": unparsed / n, "kl": kl / tok if measure_kl else float("nan"),
                "entropy": ent / tok, "clip_frac": clip / tok, "zero_advantage_groups": flat_all,
-               "rollout_s": all_reduce_max(t1 - t0, self.device), "update_s": all_reduce_max(t2 - t1, self.device)}
+               "rollout_s": all_reduce_max(t1 - t0, self.device), "update_s": all_reduce_max(t2 - t1, self.device),
+               **{k: all_reduce_max(v, self.device) for k, v in clock.row().items()}}
         st.step += 1
         st.history.append({"step": st.step, **row})
         self._warn(row)

@@ -14,8 +14,15 @@ from vtg.io import relative_ref
 from vtg.rl_outputs import STEPS_CSV, SUMMARY_JSON
 
 STAGE = "rl"
+PHASES = ("generate_s", "forward_s", "backward_s", "optimizer_s", "ref_s", "old_s")
+"""Seconds per phase of a step (`training.rl.phases.PhaseClock`; empty where the phase did not run that step):
+`generate_s` the policy's `generate` inside the rollout (`rollout_s` adds prompt encoding and rewards);
+`forward_s` the teacher-forced forward of the update with its loss, `backward_s` and `optimizer_s` the engine's
+backward and step (summed over micro-batches and `rl.updates_per_rollout`); `ref_s` the frozen start policy's
+forward (steps that use or measure KL); `old_s` the policy's no-grad forward for the ratio's old log-probs
+(`rl.updates_per_rollout` > 1)."""
 STEP_METRICS = ("reward_mean", "reward_std", "iou_mean", "parse_failure_rate", "kl", "entropy", "clip_frac",
-                "zero_advantage_groups", "rollout_s", "update_s")
+                "zero_advantage_groups", "rollout_s", "update_s", *PHASES)
 """Per-step metrics (`rl/<name>` in the tracker; columns of the steps CSV after `step`)."""
 
 
@@ -35,7 +42,10 @@ def run_summary(state, parent: Path, parent_step, max_steps: int, groups: int) -
            "steps_without_signal": sum(x.get("parse_failure_rate", 0) >= 1.0
                                        or x.get("zero_advantage_groups", 0) >= groups for x in h)}
     for k in STEP_METRICS:
-        out[f"first10/{k}"], out[f"last10/{k}"] = mean(first, k), mean(last, k)
+        a, b = mean(first, k), mean(last, k)
+        if k in PHASES and math.isnan(a) and math.isnan(b):
+            continue  # a phase this run never has (no reference pass, one update per rollout): no NaN in the file
+        out[f"first10/{k}"], out[f"last10/{k}"] = a, b
     return out
 
 

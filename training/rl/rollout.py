@@ -7,6 +7,10 @@ default of 50 would truncate sampling, so `top_k=0` is passed explicitly; and sa
 vocabulary can emit `<|video_pad|>` and the other vision special tokens (then teacher forcing fails: video
 tokens no longer match the video features), so they are suppressed in `generate` and masked in the
 teacher-forced logits, which keeps the two distributions the same.
+
+Each query's video is encoded once per pass, not once per answer: the G rows of a group hold the same encoded
+prompt, and both `sample` and `teacher_forced_logits` (given the model) batch the distinct videos only and share
+their features among the rows (`vtg.model.shared_vision`; exact, gradients included).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from vtg.model.generation import pad_id
 from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
+from vtg.model.shared_vision import shared_video_features
 from vtg.queries import QueryExample
 
 
@@ -61,16 +66,18 @@ def sample(model, tokenizer, encoded: list[dict], *, temperature: float, top_p: 
     """Sample one answer per prompt row (torch's global RNG: seeded, saved in checkpoints). `synced`: keep every
     rank generating until all are done (ZeRO-3 gathers parameters in collectives every forward, so ranks whose
     answers end sooner must keep stepping; transformers' `synced_gpus`)."""
-    batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="left"), device, dtype)
+    collated = collate(encoded, pad_id(tokenizer), padding_side="left", share_videos=True)
+    batch = model_inputs(collated, device, dtype)
     batch.pop("labels", None)
     prompt_len = batch["input_ids"].shape[1]
     ends = end_token_ids(model, tokenizer)
     was_training = model.training
     model.eval()
     try:
-        out = model.generate(**batch, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                             max_new_tokens=max_new_tokens, pad_token_id=pad_id(tokenizer), eos_token_id=ends,
-                             suppress_tokens=vision_token_ids(model.config), use_cache=True, synced_gpus=synced)
+        with shared_video_features(model, collated["video_share"]):
+            out = model.generate(**batch, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id(tokenizer), eos_token_id=ends,
+                                 suppress_tokens=vision_token_ids(model.config), use_cache=True, synced_gpus=synced)
     finally:
         model.train(was_training)
     completions = out[:, prompt_len:]
@@ -90,12 +97,16 @@ def completion_mask(completions: torch.Tensor, end_ids: list[int]) -> torch.Tens
 
 
 def teacher_forced_logits(forward, tokenizer, rollout: Rollout, rows: slice | list[int], device, dtype,
-                          temperature: float, masked_ids: list[int]) -> torch.Tensor:
+                          temperature: float, masked_ids: list[int], model: torch.nn.Module | None = None
+                          ) -> torch.Tensor:
     """Logits (len(rows), T, V) that predicted each sampled token, tempered and with `masked_ids` at -inf:
-    the distribution the tokens were sampled from. `forward(inputs)` runs the model (the engine's `outputs`)."""
+    the distribution the tokens were sampled from. `forward(inputs)` runs the model (the engine's `outputs`).
+    `model`: the model `forward` runs; given, each distinct video of `rows` is encoded once and its features
+    shared by its rows (a group split over two micro-batches: once in each); None: every row encodes its own."""
     idx = list(range(len(rollout.encoded)))[rows] if isinstance(rows, slice) else list(rows)
-    batch = model_inputs(collate([rollout.encoded[i] for i in idx], pad_id(tokenizer), padding_side="left"),
-                         device, dtype)
+    collated = collate([rollout.encoded[i] for i in idx], pad_id(tokenizer), padding_side="left",
+                       share_videos=model is not None)
+    batch = model_inputs(collated, device, dtype)
     batch.pop("labels", None)
     comp, cmask = rollout.completions[idx].to(device), rollout.mask[idx].to(device)
     batch["input_ids"] = torch.cat([batch["input_ids"], comp], dim=1)
@@ -105,7 +116,8 @@ def teacher_forced_logits(forward, tokenizer, rollout: Rollout, rows: slice | li
         batch["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(comp.shape)], dim=1)
     steps = comp.shape[1]
     batch["logits_to_keep"] = steps + 1  # only the positions that predict the answer (vocabularies are large)
-    logits = forward(batch).logits[:, :-1].float() / temperature
+    with shared_video_features(model, collated.get("video_share")):  # no share (model None): a no-op
+        logits = forward(batch).logits[:, :-1].float() / temperature
     if masked_ids:
         logits[..., masked_ids] = float("-inf")
     return logits

@@ -43,6 +43,7 @@ from vtg.model.processor_facts import (  # noqa: F401 - the facts' names, re-exp
     published_processor_files,
     save_processor_config,
 )
+from vtg.model.shared_vision import video_share
 from vtg.model.tokens import query_ids
 
 MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
@@ -287,8 +288,13 @@ def answer_text(windows: Sequence[Sequence[float]]) -> str:
     return format_answer(float(start), float(end))
 
 
-def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right") -> dict:
-    """Pad token tensors to the longest example; concatenate the video tensors (they are flat over patches)."""
+def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right",
+            share_videos: bool = False) -> dict:
+    """Pad token tensors to the longest example; concatenate the video tensors (they are flat over patches).
+
+    `share_videos`: examples that hold the same video (`vtg.model.shared_vision.distinct_videos`) put its pixels
+    in the batch once; `video_grid_thw` stays per row (the rope reads it) and `batch["video_share"]` maps the rows
+    onto the distinct videos, for `shared_video_features` around the model call (one vision pass per video)."""
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     length = max(len(e["input_ids"]) for e in examples)
@@ -301,7 +307,11 @@ def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right"
             pad = t.new_full((length - len(t),), value)
             rows.append(torch.cat([t, pad]) if padding_side == "right" else torch.cat([pad, t]))
         batch[name] = torch.stack(rows)
-    batch["pixel_values_videos"] = torch.cat([e["pixel_values_videos"] for e in examples])
+    with_pixels = examples
+    if share_videos:
+        batch["video_share"], firsts = video_share(examples)
+        with_pixels = [examples[i] for i in firsts]
+    batch["pixel_values_videos"] = torch.cat([e["pixel_values_videos"] for e in with_pixels])
     batch["video_grid_thw"] = torch.cat([e["video_grid_thw"] for e in examples])
     if all("second_per_grid_ts" in e for e in examples):
         batch["second_per_grid_ts"] = torch.cat([e["second_per_grid_ts"] for e in examples])
