@@ -118,21 +118,21 @@ class Sources:
     def __getitem__(self, source_id: str) -> SourceDecl:
         return self.decls[source_id]
 
-    def _roots(self) -> list[tuple[str, SourceDecl, str]]:
-        """(real root, source, root as declared), deepest root first: a root nested in another's names its own
-        source."""
-        roots = [(_real(r), d, r) for d in self.decls.values() for r in d.roots]
+    def _roots(self) -> list[tuple[str, SourceDecl]]:
+        """(real root, source), deepest root first: a root nested in another's names its own source."""
+        roots = [(_real(r), d) for d in self.decls.values() for r in d.roots]
         return sorted(roots, key=lambda t: -len(t[0]))
 
     def owner_of(self, path: str | Path) -> tuple[SourceDecl, str]:
         """(the source whose root holds `path`, the path relative to that root, POSIX); `UndeclaredFile` else."""
         real = _real(path)
-        for root, decl, _ in self._roots():
+        for root, decl in self._roots():
             if _inside(real, root):
                 return decl, Path(os.path.relpath(real, root)).as_posix()
         declared = "; ".join(f"{d.id}: {', '.join(d.roots)}" for d in self.decls.values()) or "none"
         raise UndeclaredFile(f"{path}: belongs to no declared data source (declared roots: {declared}). Declare the "
-                             "source it comes from, with its licence, in ingest.sources (docs/stages.md#sources-and-licences), e.g. "
+                             "source it comes from, with its licence, in ingest.sources "
+                             "(docs/stages.md#sources-and-licences), e.g. "
                              "`ingest.sources=[{id: my-set, licence: CC-BY-4.0, origin: <url>, roots: [<dir>]}]`")
 
     def relative(self, source_id: str, path: str | Path) -> str | None:
@@ -166,4 +166,5 @@ class Sources:
 def describe(rows: Sequence[dict]) -> str:
     """`synthetic (Apache-2.0) 1296 queries; charades-sta (LicenseRef-Charades) 300 queries` for
     `vtg.shards.data_sources` rows (an MLflow tag, the lineage command, reports); `unknown` when empty."""
-    return "; ".join(f"{r['source']} ({r['licence'] or 'no licence'}) {r['queries']} queries" for r in rows) or "unknown"
+    text = "; ".join(f"{r['source']} ({r['licence'] or 'no licence'}) {r['queries']} queries" for r in rows)
+    return text or "unknown"
