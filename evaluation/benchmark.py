@@ -42,6 +42,7 @@ from vtg.io import file_digest, write_json_atomic
 from vtg.queries import QueryExample
 from vtg.records import CanonicalRecord, read_jsonl, write_jsonl
 from vtg.selection import checkpoint_label
+from vtg.sources import Sources
 from vtg.spans import best_iou, metric_name, summarize
 
 log = logging.getLogger(__name__)
@@ -93,12 +94,12 @@ def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
     return np.unique(idx)
 
 
-def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig) -> tuple[np.ndarray, list]:
-    """(frames, timestamps in seconds from the video's start) of one whole video under `profile`."""
+def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig,
+                 sources: Sources) -> tuple[np.ndarray, list]:
+    """(frames, timestamps in seconds from the video's start) of one whole video under `profile`; `sources`
+    (`ingest.sources`) find the record's file."""
     from vtg.model.geometry import policy_frames
-    from vtg.sources import Sources
-
-    path = Sources.of(cfg.ingest.sources).resolve(record.source, record.video_path)
+    path = sources.resolve(record.source, record.video_path)
     total, fps, height, width = video_facts(path)
     if fps <= 0 or total <= 0:
         raise VTGError(f"{path}: the decoder reports {total} frames at {fps} fps")
@@ -164,11 +165,12 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
     vision = vision_params(model)
     max_new = profile.max_new_tokens or bench.max_new_tokens
     rows, clips, failed = [], [], []
+    sources = Sources.of(cfg.ingest.sources)
     for start in range(0, len(records), bench.batch_size):
         batch, kept = [], []
         for rec in records[start:start + bench.batch_size]:
             try:
-                frames, times = sample_video(rec, profile, vision, cfg)
+                frames, times = sample_video(rec, profile, vision, cfg, sources)
             except VTGError as e:  # a broken video: counted, scored 0 (a benchmark never drops a query)
                 failed.append({"annotation_id": rec.annotation_id, "video_id": rec.video_id, "error": str(e)})
                 rows.append({"key": rec.annotation_id, "query": rec.query, "video_id": rec.video_id,

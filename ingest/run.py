@@ -27,8 +27,8 @@ class FileTally:
         self.path, self.format, self.source, self.rel = path, fmt, source, rel
         self.inputs = self.records = self.clipped = 0
         self.reasons: Counter[str] = Counter()
-        self.by_source: Counter[tuple[str, str]] = Counter()
-        """(source, licence) of each record (a native record may name another declared source)."""
+        self.by_source: Counter[str] = Counter()
+        """Records per source (a native record may name another declared source than the file's)."""
 
     def as_dict(self) -> dict:
         """No machine path: the file is named by its source and its path under that source's root."""
@@ -49,16 +49,18 @@ def _read_text(path: Path) -> str:
                        ) from None
 
 
-def ingest_file(path: Path, fmt: str, sources: Sources, videos: VideoIndex, tolerance: float, probe: Probe,
-                seen_ids: set[str], records: list, dead: list, progress: Progress | None = None,
-                tag: str | None = None, query_limit: QueryLimit | None = None) -> FileTally:
+def ingest_file(path: Path, fmt: str, sources: Sources, owner: tuple[SourceDecl, str], videos: VideoIndex,
+                tolerance: float, probe: Probe, seen_ids: set[str], records: list, dead: list,
+                progress: Progress | None = None, tag: str | None = None,
+                query_limit: QueryLimit | None = None) -> FileTally:
     """One annotation file. Its annotation ids must be unique within it; an id another file already used (two
     annotators of one set: ActivityNet's val_1/val_2, `train/ann.jsonl` and `val/ann.jsonl`) is kept, qualified
-    by the file (`<id>@<tag>`, `tag` the file's path under the annotation files' common folder)."""
+    by the file (`<id>@<tag>`, `tag` the file's path under the annotation files' common folder). `owner`: the
+    declared source whose root holds the file, and the file's path under it (`Sources.owner_of`)."""
     text = _read_text(path)
     in_file: set[str] = set()
     fmt = detect_format(path, text) if fmt == "auto" else fmt
-    source, rel = sources.owner_of(path)
+    source, rel = owner
     tally = FileTally(path, fmt, source, rel)
     annotation_file = f"{fmt}:{rel}"
     task = progress.add_task(path.name, total=len(text.splitlines()) or None) if progress else None
@@ -85,7 +87,7 @@ def ingest_file(path: Path, fmt: str, sources: Sources, videos: VideoIndex, tole
             seen_ids.add(record.annotation_id)
             tally.records += 1
             tally.clipped += clipped
-            tally.by_source[record.source, record.licence] += 1
+            tally.by_source[record.source] += 1
             records.append(record)
         if task is not None:
             progress.update(task, completed=line)
@@ -102,11 +104,11 @@ def _write_jsonl(path: Path, rows: list) -> None:
     os.replace(tmp, path)
 
 
-def source_table(sources: Sources, counts: Counter[tuple[str, str]]) -> dict:
+def source_table(sources: Sources, counts: Counter[str]) -> dict:
     """{source id: {licence, origin, terms, records}} for every declared source (0 records included: a source
     that gave nothing is worth seeing)."""
-    return {d.id: {"licence": d.licence, "origin": d.origin, "terms": d.terms,
-                   "records": sum(n for (s, _), n in counts.items() if s == d.id)} for d in sources.decls.values()}
+    return {d.id: {"licence": d.licence, "origin": d.origin, "terms": d.terms, "records": counts[d.id]}
+            for d in sources.decls.values()}
 
 
 def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration,
@@ -123,8 +125,7 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryL
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
     sources = Sources.of(cfg.sources)
-    for f in files:  # every file's source before any is read: a refusal writes nothing
-        sources.owner_of(f)
+    owners = {f: sources.owner_of(f) for f in files}  # before any file is read: a refusal writes nothing
     videos = VideoIndex(cfg.video_root, cfg.extra_video_roots)
     records: list = []
     dead: list[dict] = []
@@ -132,15 +133,16 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryL
     cols = (TextColumn("ingest {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, disable=not progress, transient=True) as bar:
         common = Path(os.path.commonpath([f.parent.resolve() for f in files])) if files else None
-        tallies = [ingest_file(f, cfg.format, sources, videos, cfg.end_tolerance_s, probe, seen, records, dead,
-                               bar if progress else None, f.resolve().relative_to(common).as_posix(), query_limit)
+        tallies = [ingest_file(f, cfg.format, sources, owners[f], videos, cfg.end_tolerance_s, probe, seen, records,
+                               dead, bar if progress else None, f.resolve().relative_to(common).as_posix(),
+                               query_limit)
                    for f in files]
     inputs = sum(t.inputs for t in tallies)
     assert inputs == len(records) + len(dead), "ingest lost items: inputs != records + dead letters"
     _write_jsonl(Path(cfg.out), records)
     _write_jsonl(Path(cfg.dead_letter), dead)
     by_reason = Counter(d["reason"] for d in dead)
-    by_source: Counter[tuple[str, str]] = sum((t.by_source for t in tallies), Counter())
+    by_source: Counter[str] = sum((t.by_source for t in tallies), Counter())
     summary = {
         "inputs": inputs, "records": len(records), "dead_letters": len(dead),
         "reconciled": inputs == len(records) + len(dead),

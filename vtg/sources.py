@@ -137,12 +137,12 @@ class Sources:
 
     def relative(self, source_id: str, path: str | Path) -> str | None:
         """`path` relative to the first of the source's roots that holds it (POSIX), or None when none does."""
-        roots = self.decls[source_id].roots
         for norm in (os.path.abspath, _real):  # the path as given (a symlink keeps its name), then resolved
             p = norm(os.path.expanduser(str(path)))
-            for r in roots:
-                if _inside(p, norm(os.path.expanduser(r))):
-                    return Path(os.path.relpath(p, norm(os.path.expanduser(r)))).as_posix()
+            for r in self.decls[source_id].roots:
+                root = norm(os.path.expanduser(r))
+                if _inside(p, root):
+                    return Path(os.path.relpath(p, root)).as_posix()
         return None
 
     def resolve(self, source_id: str, rel: str) -> str:
