@@ -19,9 +19,10 @@ from apache_beam.pvalue import TaggedOutput
 
 from beam_jobs.audit import filter_reason
 from beam_jobs.items import FAILED, FILTERED, KEPT, AuditRow, Outcome, QueryItem, StepError, WindowItem, pick
-from beam_jobs.partition import split_of
 from vtg.io import file_digest
 from vtg.shards import SHARD_CONTRACT, SHARD_PATTERN, QueryMeta, SampleMeta, write_shard
+from vtg.sources import is_auto
+from vtg.splits import split_of
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
@@ -101,6 +102,8 @@ class AssembleFn(beam.DoFn):
                 reason = query_verdict(q.annotation_id, dup, iou, self.cfg.text_bias.iou_threshold,
                                        self.cfg.text_bias.enabled)
                 detail = (f"of {dup}; " if reason == "duplicate_query" else "") + f"blind_iou {iou}" if reason else ""
+                if not reason and split != "train" and is_auto(q.source):  # auto labels train only, never score
+                    reason, detail = "auto_label_not_train", f"{q.source} label of a {split}-split video"
                 if not reason:  # it reaches its split: the audit's turn
                     if isinstance(audit, StepError) and self.cfg.audit.filter:
                         yield from failed(audit, q, w)

@@ -11,19 +11,14 @@ duration; the most certain trusted word predicts the moment, and a query is flag
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Sequence
 
 from beam_jobs.dedup import words
+from vtg.splits import stable_fraction
 
 SCALE = 1_000_000  # normalized positions are accumulated as integer micro-units (exact, order-independent)
 Stats = tuple[int, int, int, int, int]  # count, sum s, sum s^2, sum e, sum e^2
-
-
-def stable_fraction(key: str) -> float:
-    """A stable hash of `key` in [0, 1)."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
 
 
 def fold_of(group: str, folds: int) -> int:

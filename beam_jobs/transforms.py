@@ -188,7 +188,7 @@ class ProcessVideoFn(beam.DoFn):
         stage = "group"
         try:
             records = sorted(records, key=lambda r: r.annotation_id)
-            paths = sorted({self.sources.resolve(r.source, r.video_path) for r in records})
+            paths = sorted({self.sources.resolve(r.video_owner, r.video_path) for r in records})
             if len(paths) > 1:  # one id, two files: never merged (whose frames would the queries get?)
                 yield from self._fail(records, "group", "ambiguous_video_id", AmbiguousVideo(
                     f"video_id {video_id!r} names {len(paths)} files ({', '.join(paths)}): give each video its own id"))

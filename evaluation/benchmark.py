@@ -99,7 +99,7 @@ def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: Pipelin
     """(frames, timestamps in seconds from the video's start) of one whole video under `profile`; `sources`
     (`ingest.sources`) find the record's file."""
     from vtg.model.geometry import policy_frames
-    path = sources.resolve(record.source, record.video_path)
+    path = sources.resolve(record.video_owner, record.video_path)
     total, fps, height, width = video_facts(path)
     if fps <= 0 or total <= 0:
         raise VTGError(f"{path}: the decoder reports {total} frames at {fps} fps")

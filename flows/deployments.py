@@ -38,8 +38,8 @@ def build_deployments(params: str, experiment: str | None, overrides: list[str],
     pipeline = post_training.to_deployment(
         name=o.deployment_name, entrypoint_type=EntrypointType.MODULE_PATH,
         parameters={"params": params, "experiment": experiment, "overrides": overrides, "rl": rl},
-        description="corpus -> ingest -> Beam preprocess -> DVC shards -> DeepSpeed SFT -> GRPO (rl), every "
-                    "checkpoint evaluated -> held-out evaluation -> report", tags=["vtg"])
+        description="corpus -> ingest -> annotate -> Beam preprocess -> DVC shards -> DeepSpeed SFT -> GRPO (rl), "
+                    "every checkpoint evaluated -> held-out evaluation -> report", tags=["vtg"])
     flow_name, _, dep_name = o.eval_deployment.partition("/")
     if flow_name != evaluate_checkpoint.name:
         raise VTGError(f"orchestration.eval_deployment must start with '{evaluate_checkpoint.name}/', got "

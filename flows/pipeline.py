@@ -1,5 +1,5 @@
-"""The `post-training` flow: corpus -> ingest -> Beam preprocess -> DVC push -> SFT training -> GRPO (rl), with
-every checkpoint of both evaluated while they run -> the evaluate stage (best of SFT and RL on val, then
+"""The `post-training` flow: corpus -> ingest -> annotate -> Beam preprocess -> DVC push -> SFT training -> GRPO
+(rl), with every checkpoint of both evaluated while they run -> the evaluate stage (best of SFT and RL on val, then
 held-out test) -> report.
 
 Run it embedded with `python -m flows` (Prefect's ephemeral API, no server), or served with `make serve` and
@@ -98,6 +98,7 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
         stages["corpus"] = _call(tasks.build_corpus, **common)
     src = lineage.source_digest([*cfg.ingest.annotations, cfg.ingest.video_root])
     stages["ingest"] = _call(tasks.ingest, source=src, **common)
+    stages["annotate"] = _call(tasks.annotate, source=src, **common)
     stages["preprocess"] = _call(tasks.preprocess, source=src, **common)
     version = data_version(cfg.preprocess.out_dir)
     dvc = _call(_with_retries(tasks.push_shards, cfg), cfg=cfg)

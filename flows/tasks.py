@@ -108,6 +108,20 @@ def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: st
     return {"summary": summary, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
+@_stage_task("annotate")
+def annotate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
+    """Automatic annotation (a pass-through when `annotate.enabled` is false)."""
+    if cached := _up_to_date("annotate", cfg, {"summary": _read_json(cfg.annotate.summary)}, parent):
+        return cached
+    r = run_stage("annotate", module_cmd(cfg.orchestration.stages.annotate, args.argv()), on_line=_stream("annotate"))
+    _record("annotate", cfg)
+    summary = _read_json(cfg.annotate.summary)
+    run_id = tracking.stage_run(cfg, parent, "annotate", params={"annotate": cfg.annotate.model_dump(mode="json")},
+                                metrics={**_numbers(summary), "seconds": r.seconds},
+                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[cfg.annotate.summary])
+    return {"summary": summary, "seconds": r.seconds, "mlflow_run_id": run_id}
+
+
 @_stage_task("beam-preprocess")
 def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
     out = Path(cfg.preprocess.out_dir)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows", "infra", "benchmarks")
+PACKAGES = ("vtg", "corpus", "ingest", "annotate", "beam_jobs", "training", "evaluation", "flows", "infra", "benchmarks")
 LAYOUT_NAMES = {"meta.json", "hf", "latest", "engine", "best.json"}
 LAYOUT_PATTERN = re.compile(r"^(rank-|step-|\.tmp-step)")
 ROOT_PATTERN = re.compile(r"^(\./)?checkpoints(/|$)")
@@ -43,7 +43,7 @@ evaluate stage scores, stored results reused), not with a second evaluator. Neve
 
 
 def test_stage_packages_do_not_import_each_other():
-    stages = {"corpus", "ingest", "beam_jobs", "training", "evaluation"}
+    stages = {"corpus", "ingest", "annotate", "beam_jobs", "training", "evaluation"}
     bad = [f"{p.relative_to(REPO)}: {m}" for pkg in stages for p, tree in _modules(pkg)
            for m in _imported(tree) if m.split(".")[0] in stages - {pkg} and m not in PUBLIC_APIS.get(pkg, set())]
     assert bad == [], "\n".join(bad)

@@ -43,9 +43,10 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_shipped_graph_declares_code_deps_and_persistent_checkpoints():
     graph = stages.load_graph(REPO)
     cfg = load_config(REPO / "params.yaml")
-    assert list(graph) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate"]
+    assert list(graph) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate"]
     assert "vtg/answer.py" in graph["train"].code_paths(REPO) and "training" in graph["train"].code_paths(REPO)
-    assert graph["preprocess"].code_paths(REPO) == ("beam_jobs", "vtg/shards.py", "vtg/records.py", "vtg/sources.py")
+    assert graph["preprocess"].code_paths(REPO) == (
+        "beam_jobs", "vtg/shards.py", "vtg/records.py", "vtg/sources.py", "vtg/splits.py")
     assert "data/shards" not in graph["train"].code_paths(REPO)
     assert graph["train"].persist == (cfg.train.out_dir,) == ("checkpoints/sft",)
     assert graph["rl"].persist == (cfg.rl.out_dir,) == ("checkpoints/rl",)

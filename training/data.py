@@ -31,6 +31,7 @@ import webdataset as wds
 from vtg.errors import VTGError
 from vtg.model.processing import VisionParams, answer_text, collate, encode_example, frame_size_for
 from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key, read_manifest
+from vtg.sources import is_auto
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class StreamSpec:
     max_seq_len: int = 2048
     skip_batches: int = 0
     """Batches of this rank's stream already consumed (exact resume)."""
+    keep: tuple[float, float] = (1.0, 1.0)
+    """(probability a labelled query is kept, probability an auto-labelled one is: `source_keep`)."""
 
 
 class ErrorLog:
@@ -181,7 +184,34 @@ class Expander:
             for qi, q in enumerate(meta.queries):
                 n_text = len(self.tokenizer(q.text, add_special_tokens=False)["input_ids"])
                 yield {"key": f"{meta.key}#{qi}", "jpegs": jpegs, "timestamps": meta.frame_timestamps,
-                       "query": q.text, "windows": q.windows, "n_tokens": n_video + n_text + self.overhead}
+                       "query": q.text, "windows": q.windows, "n_tokens": n_video + n_text + self.overhead,
+                       "auto": is_auto(q.source)}
+
+
+def source_keep(rows: list[dict], auto_share: float | None) -> tuple[float, float]:
+    """(keep probability of a labelled query, of an auto-labelled one) that makes auto labels `auto_share` of the
+    examples SFT sees, from the shards' per-source query counts (`vtg.shards.data_sources`): the rarer side is
+    kept whole, the other thinned. None (or no auto label in the shards): everything as it comes, (1, 1)."""
+    auto = sum(r["queries"] for r in rows if is_auto(r["source"]))
+    human = sum(r["queries"] for r in rows) - auto
+    if auto_share is None or auto == 0:
+        return 1.0, 1.0
+    if human == 0:
+        if auto_share < 1:
+            raise VTGError(f"train.data.auto_share={auto_share}: the train shards hold only auto labels ({auto}), "
+                           "so no mix can have labelled queries; set it to 1 or null, or add labelled data")
+        return 0.0, 1.0
+    if auto_share >= auto / (auto + human):  # fewer labelled ones
+        return (auto * (1 - auto_share)) / (auto_share * human), 1.0
+    return 1.0, (auto_share * human) / ((1 - auto_share) * auto)
+
+
+def keep_by_source(examples: Iterator[dict], keep: tuple[float, float], rng: random.Random) -> Iterator[dict]:
+    """Examples thinned by `keep` (`source_keep`); a draw per example from `rng`, so the same stream and seed keep
+    the same examples (exact resume)."""
+    for ex in examples:
+        if rng.random() < keep[1 if ex["auto"] else 0]:
+            yield ex
 
 
 def token_budget_batches(examples: Iterator[dict], max_batch: int, token_budget: int) -> Iterator[list[dict]]:
@@ -253,6 +283,8 @@ class ShardStream(torch.utils.data.IterableDataset):
         src = islice(src, logical, None, num_workers)
         samples = shard_samples(src, errors)
         examples = Expander(self.tokenizer, self.vision, errors)(samples)
+        if s.keep != (1.0, 1.0):
+            examples = keep_by_source(examples, s.keep, random.Random(f"mix:{s.seed}:{rank}:{logical}"))
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
         examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
         order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged

@@ -18,7 +18,7 @@ import torch
 
 from training import early_stop
 from training.callbacks import Callback, CallbackList, default_callbacks
-from training.data import StreamSpec, make_loader, read_examples, resolve_urls
+from training.data import StreamSpec, make_loader, read_examples, resolve_urls, source_keep
 from training.dist import (
     all_reduce_max,
     all_reduce_sum,
@@ -52,8 +52,7 @@ from vtg.model.modeling import (
     torch_dtype,
 )
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
-from vtg.model.teach import taught_base
-from vtg.model.tiny import tiny_family
+from vtg.model.teach import teach_if_tiny
 from vtg.selection import TRAIN_LOSS_AVG, window_mean
 from vtg.shards import data_sources, data_version
 
@@ -88,7 +87,7 @@ def build_model(cfg: PipelineConfig, device: torch.device):
     taught `train.teach`'s general task), its tokenizer told how examples are encoded (every export records it),
     and the resolved base path."""
     tcfg = cfg.train
-    base = teach_if_tiny(cfg, resolve_base(tcfg.model.base))
+    base = teach_if_tiny(cfg, tcfg.model.base, resolve_base(tcfg.model.base))
     try:
         model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(tcfg.precision),
                                                     attn_implementation=tcfg.model.attn_implementation,
@@ -98,20 +97,6 @@ def build_model(cfg: PipelineConfig, device: torch.device):
     tokenizer.init_kwargs[TIMESTAMPS_KEY] = tcfg.data.timestamps  # encode_example and every export follow it
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = tcfg.data.query_position
     return model, tokenizer, base
-
-
-def teach_if_tiny(cfg: PipelineConfig, base: str) -> str:
-    """A tiny base taught `train.teach.suite` (`vtg.model.teach`, built once and cached: every rank finds the same
-    directory); any other base, or no suite, unchanged."""
-    t, frames = cfg.train.teach, cfg.evaluate.forgetting
-    if not tiny_family(cfg.train.model.base) or not t.suite or not t.steps:
-        return base
-    if not Path(t.suite).is_file():
-        log.warning("train.teach.suite %s does not exist: the tiny base is not taught a general task, so "
-                    "forgetting has nothing to measure (build the corpus first, or set train.teach.suite=)", t.suite)
-        return base
-    return str(taught_base(base, t.suite, steps=t.steps, lr=t.lr, batch_size=t.batch_size,
-                           num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed))
 
 
 class Trainer:
@@ -203,7 +188,7 @@ class Trainer:
         spec = StreamSpec(urls=tuple(self.urls), seed=self.tcfg.seed, resampled=d.resampled,
                           shuffle_buffer=d.shuffle_buffer, micro_batch_size=self.tcfg.micro_batch_size,
                           token_budget=d.token_budget, length_groups=d.length_groups, max_seq_len=d.max_seq_len,
-                          skip_batches=self.state.batches)
+                          skip_batches=self.state.batches, keep=source_keep(self.data_sources, d.auto_share))
         return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
 
     def run_info(self) -> dict:

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("vtg.config", "print the resolved configuration and its hash"),
     "corpus": ("corpus", "build the synthetic grounding corpus"),
     "ingest": ("ingest", "annotations -> canonical records (+ dead letters)"),
+    "annotate": ("annotate", "automatic annotation: proposed, verified auto records (off by default: pass-through)"),
     "preprocess": ("beam_jobs.preprocess", "Beam job: records + videos -> WebDataset shards"),
     "train": ("training", "DeepSpeed training (single process; use the deepspeed launcher for more ranks)"),
     "plan": ("training.plan", "memory planner: per-GPU memory by ZeRO stage"),

@@ -49,3 +49,27 @@ def decode_at(path: str, wanted: np.ndarray) -> tuple[list[np.ndarray], list[int
     if not frames:
         raise VTGError(f"{path}: no frame could be decoded at {int(wanted[0])}-{last}")
     return frames, got
+
+
+def resize_stored(frame: np.ndarray, frame_size: int) -> np.ndarray:
+    """A frame resized the way preprocess stores frames (`vtg.shards.stored_frame_size`: aspect kept)."""
+    import cv2
+
+    from vtg.shards import stored_frame_size
+
+    w, h = stored_frame_size(frame.shape[1], frame.shape[0], frame_size)
+    return cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA) if (h, w) != frame.shape[:2] else frame
+
+
+def clip_frames(path: str, start_s: float, end_s: float | None, num_frames: int,
+                frame_size: int) -> tuple[np.ndarray, list[float]]:
+    """(uint8 RGB frames [T, H, W, 3] uniform over [start_s, end_s) (end None: the video's end), stored-size, and
+    their seconds from `start_s`); never a repeated frame: a clip with fewer frames gives fewer."""
+    total, fps, _, _ = video_facts(path)
+    if fps <= 0 or total <= 0:
+        raise VTGError(f"{path}: cannot read the video")
+    first = min(int(start_s * fps), total - 1)
+    last = min(total, int(np.ceil((end_s if end_s is not None else total / fps) * fps)))
+    wanted = np.unique(np.linspace(first, max(first, last - 1), num_frames).round().astype(int))
+    decoded, got = decode_at(path, wanted)
+    return np.stack([resize_stored(f, frame_size) for f in decoded]), [round((i - first) / fps, 4) for i in got]

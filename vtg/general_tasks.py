@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from vtg.errors import VTGError
-from vtg.frames import decode_at, video_facts
+from vtg.frames import clip_frames, resize_stored
 
 
 class GeneralItem(BaseModel):
@@ -109,15 +109,6 @@ def read_suite(path: str | Path) -> list[GeneralItem]:
     return items
 
 
-def _resize(frame: np.ndarray, frame_size: int) -> np.ndarray:
-    import cv2
-
-    from vtg.shards import stored_frame_size
-
-    w, h = stored_frame_size(frame.shape[1], frame.shape[0], frame_size)
-    return cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA) if (h, w) != frame.shape[:2] else frame
-
-
 def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np.ndarray, list[float]]:
     """(uint8 RGB frames [T, H, W, 3], seconds from the clip's start) of an item; an unreadable file is an error."""
     import cv2
@@ -126,14 +117,5 @@ def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np
         bgr = cv2.imread(item.image)
         if bgr is None:
             raise VTGError(f"{item.id}: cannot read the image {item.image}")
-        return _resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), frame_size)[None], [0.0]
-    total, fps, _, _ = video_facts(item.video)
-    if fps <= 0 or total <= 0:
-        raise VTGError(f"{item.id}: cannot read the video {item.video}")
-    first = min(int(item.start_s * fps), total - 1)
-    last = min(total, int(np.ceil((item.end_s if item.end_s is not None else total / fps) * fps)))
-    wanted = np.unique(np.linspace(first, max(first, last - 1), num_frames).round().astype(int))
-    decoded, got = decode_at(item.video, wanted)
-    frames = [_resize(f, frame_size) for f in decoded]
-    times = [round((i - first) / fps, 4) for i in got]
-    return np.stack(frames), times
+        return resize_stored(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), frame_size)[None], [0.0]
+    return clip_frames(item.video, item.start_s, item.end_s, num_frames, frame_size)

@@ -7,7 +7,11 @@ import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_serializer, model_validator
+
+
+AUTO_FIELDS = ("video_source", "confidence", "verdict")
+"""Fields only auto records (the annotate stage's) set; left out of a record's JSON when unset."""
 
 
 class CanonicalRecord(BaseModel):
@@ -30,6 +34,27 @@ class CanonicalRecord(BaseModel):
     declared sources)."""
     annotation_file: str = ""
     """`<format>:<annotation file relative to the source root>`: where the line came from."""
+    video_source: str = ""
+    """The declared source whose roots `video_path` is under, when it is not `source` (an `auto:<digest>` record's
+    video belongs to a declared source; empty: `source`)."""
+    confidence: float | None = None
+    """An auto record's confidence: the share of the annotator's sampled captionings that agree with it."""
+    verdict: dict | None = None
+    """An auto record's verification: the verifier, its window for the query and its IoU with the proposal."""
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_auto_fields(self, handler):
+        """A record that is not an auto record serializes as before these fields existed (same bytes)."""
+        data = handler(self)
+        for name in AUTO_FIELDS:
+            if data.get(name) in ("", None):
+                data.pop(name, None)
+        return data
+
+    @property
+    def video_owner(self) -> str:
+        """The declared source to resolve `video_path` against (`vtg.sources.Sources.resolve`)."""
+        return self.video_source or self.source
 
     @field_validator("query")
     @classmethod

@@ -41,6 +41,20 @@ SPDX_IDS = frozenset(_SPDX_LIST.split())
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._:-]*$")
 
+AUTO_PREFIX = "auto:"
+"""Source id prefix of records the annotate stage made: `auto:<annotator digest>` (never declared: the video's own
+declared source is the record's `video_source`, and its licence the record's)."""
+
+
+def auto_source(digest: str) -> str:
+    """The source id of the auto records an annotator with weights digest `digest` made."""
+    return f"{AUTO_PREFIX}{digest}"
+
+
+def is_auto(source_id: str) -> bool:
+    """Whether a record (or every part of a `a+b` sample source) comes from the annotate stage."""
+    return bool(source_id) and all(part.startswith(AUTO_PREFIX) for part in source_id.split("+"))
+
 
 def check_licence(licence: str) -> str:
     if licence in SPDX_IDS or LICENCE_REF.match(licence):
@@ -72,6 +86,9 @@ class SourceDecl(BaseModel):
     def _id(cls, v: str) -> str:
         if not _ID.match(v):
             raise ValueError(f"source id {v!r}: use lower-case letters, digits and . _ : - (e.g. charades-sta)")
+        if v.startswith(AUTO_PREFIX):
+            raise ValueError(f"source id {v!r}: `{AUTO_PREFIX}` ids are the annotate stage's (auto records); "
+                             "give a declared source another id")
         return v
 
     @field_validator("licence")

@@ -89,6 +89,7 @@ def make_project(workdir: Path, with_dvc: bool = True, fresh_prefect: bool = Fal
 STAGE_MODULES = {  # module name in dvc.yaml -> stand-in it runs here
     "corpus/__main__.py": "standin_stages.corpus",
     "ingest/__main__.py": "standin_stages.ingest",
+    "annotate/__main__.py": "standin_stages.annotate",
     "beam_jobs/__main__.py": None,
     "beam_jobs/preprocess.py": "standin_stages.preprocess",
     "training/__main__.py": "standin_stages.train",
@@ -140,7 +141,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 
-CODE = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows")
+CODE = ("vtg", "corpus", "ingest", "annotate", "beam_jobs", "training", "evaluation", "flows")
 TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipeline on 2 cores
     "corpus.n_videos": 40, "corpus.workers": 1, "preprocess.direct_num_workers": 1,
     "train.max_steps": 4, "train.save_every": 2, "train.micro_batch_size": 4, "train.data.num_workers": 0,
@@ -149,6 +150,9 @@ TINY_REAL = {  # the real stages at a tiny scale: ~1-2 min for the whole pipelin
     "rl.max_steps": 2, "rl.queries_per_step": 2, "rl.group_size": 2, "rl.save_every": 1, "rl.max_queries": 8,
     "rl.micro_batch_size": 4, "rl.kl_every": 1, "rl.progress": False,
     "train.teach.steps": 20, "evaluate.forgetting.max_items": 6,
+    # the annotate stage on: a quarter of the train videos' labels withheld, a tiny annotator taught 20 steps
+    "annotate.enabled": True, "annotate.hide_fraction": 0.25, "annotate.teach.steps": 20, "annotate.samples": 1,
+    "annotate.max_new_tokens": 16, "annotate.progress": False,
 }
 
 

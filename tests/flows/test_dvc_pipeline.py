@@ -25,11 +25,11 @@ def test_repro_noop_then_selective_rerun_and_exp_run(project: Path):
     git(project, "commit", "-qm", "pipeline")
 
     dvc(project, "repro")
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
     assert (project / "dvc.lock").is_file() and (project / "reports/eval/metrics.json").is_file()
 
     out = dvc(project, "repro")  # nothing changed: nothing runs
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
     assert "up to date" in out.lower()
 
     dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train, rl, evaluate rerun, nothing else

@@ -46,14 +46,14 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     assert first.returncode == 2, first.stdout[-3000:] + first.stderr[-3000:]
     err = [line for line in first.stderr.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and err[0].startswith("error: post-training flow run") and "injected failure" in err[0]
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess"]
     retry_cmd = re.search(r"retry it: (prefect flow-run retry \S+ --entrypoint \S+)", first.stderr).group(1).split()
 
     flag.unlink()
     second = run([str(BIN / "prefect"), *retry_cmd[1:]], project, env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     # nothing before `train` again: dvc.lock records them as done; SFT, then RL, then the evaluate stage
-    assert stage_calls(project) == ["corpus", "ingest", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
     log = second.stdout + second.stderr
     assert log.count("Cached('up to date (dvc.lock)'") == 3
 

@@ -23,7 +23,7 @@ from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, s
 
 from vtg import checkpoints as ckpt
 
-STAGES = ["corpus", "ingest", "preprocess", "train", "rl", "evaluate"]
+STAGES = ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate"]
 
 
 def sh(cmd: list[str], cwd: Path, timeout: float = 900) -> str:
@@ -108,14 +108,22 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert rl_run.data.tags["vtg.stage"] == "rl" and rl_run.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
     # what the checkpoints were trained on: the declared source and its licence, in meta.json, MLflow and lineage
     manifest = json.loads((q / "data/shards/manifest.json").read_text())
-    [row] = manifest["sources"]
-    assert (row["source"], row["licence"]) == ("synthetic", "Apache-2.0") and row["kept"]["train"] > 0
-    trained_on = [{"source": "synthetic", "licence": "Apache-2.0", "queries": row["kept"]["train"]}]
-    assert all(m["data_sources"] == trained_on for m in metas + rl_metas)
-    assert train_run.data.tags["vtg.data_sources"] == rl_run.data.tags["vtg.data_sources"] == (
-        f"synthetic (Apache-2.0) {row['kept']['train']} queries")
+    row = next(r for r in manifest["sources"] if r["source"] == "synthetic")
+    assert row["licence"] == "Apache-2.0" and row["kept"]["train"] > 0
+    trained_on = {"source": "synthetic", "licence": "Apache-2.0", "queries": row["kept"]["train"]}
+    assert all(trained_on in m["data_sources"] for m in metas + rl_metas)  # beside any accepted auto labels
+    assert train_run.data.tags["vtg.data_sources"] == rl_run.data.tags["vtg.data_sources"]
+    assert f"synthetic (Apache-2.0) {row['kept']['train']} queries" in train_run.data.tags["vtg.data_sources"]
     chain = sh([PY, "-m", "flows.lineage", "checkpoints/rl/latest"], q)
-    assert f"trained on synthetic (Apache-2.0) {row['kept']['train']} queries" in chain, chain
+    assert "trained on " in chain and f"synthetic (Apache-2.0) {row['kept']['train']} queries" in chain, chain
+    # the annotate stage ran on in both doors (a quarter of the train videos' labels withheld and re-annotated)
+    # and wrote the same records, proposals and counts
+    ann_p, ann_q = (json.loads((c / "data/interim/annotate_summary.json").read_text()) for c in (p, q))
+    assert ann_q["enabled"] and ann_q["withheld"] > 0 and ann_q["records_in"] == ann_q["passed"] + ann_q["withheld"]
+    assert {k: v for k, v in ann_p.items() if k not in ("seconds", "annotator")} == {
+        k: v for k, v in ann_q.items() if k not in ("seconds", "annotator")}
+    for name in ("annotated_records.jsonl", "auto_proposals.jsonl", "annotate_withheld.jsonl"):
+        assert (p / "data/interim" / name).read_bytes() == (q / "data/interim" / name).read_bytes(), name
     # no machine path in any shard, manifest or record the stages wrote (issue 24)
     for f in [*(q / "data/shards").rglob("*"), *(q / "data/interim").rglob("*")]:
         if f.is_file():

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError, model_validator
 
 from vtg.config._base import Section
+from vtg.config.annotate import AnnotateConfig
 from vtg.config.benchmark import BenchmarkConfig
 from vtg.config.corpus import CorpusConfig
 from vtg.config.evaluate import EvaluateConfig
@@ -33,6 +34,7 @@ from vtg.errors import ConfigError
 from vtg.util import flatten
 
 __all__ = [
+    "AnnotateConfig",
     "BenchmarkConfig",
     "ConfigError",
     "CorpusConfig",
@@ -59,6 +61,8 @@ class PipelineConfig(Section):
     """Synthetic corpus (embedded default data set)."""
     ingest: IngestConfig = IngestConfig()
     """Annotation ingest."""
+    annotate: AnnotateConfig = AnnotateConfig()
+    """Automatic annotation (off by default): proposed, verified auto records for videos without annotations."""
     preprocess: PreprocessConfig = PreprocessConfig()
     """Beam preprocessing."""
     train: TrainConfig = TrainConfig()

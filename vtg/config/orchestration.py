@@ -12,6 +12,8 @@ class StageEntryPoints(Section):
     """Module run as `python -m <module>` to build the synthetic corpus."""
     ingest: str = "ingest"
     """Module that ingests annotations into canonical records."""
+    annotate: str = "annotate"
+    """Module of the automatic annotation stage (a pass-through when `annotate.enabled` is false)."""
     preprocess: str = "beam_jobs.preprocess"
     """Module of the Beam preprocessing job."""
     train: str = "training"

@@ -164,8 +164,9 @@ class AuditConfig(Section):
 
 
 class PreprocessConfig(Section):
-    records: str = Field("data/interim/records.jsonl", json_schema_extra=NOT_OUTPUT)
-    """Canonical records written by ingest."""
+    records: str = Field("data/interim/annotated_records.jsonl", json_schema_extra=NOT_OUTPUT)
+    """Canonical records written by the annotate stage (ingest's records, less any withheld, plus accepted auto
+    records; with `annotate.enabled` false, ingest's records as they are)."""
     out_dir: str = Field("data/shards", json_schema_extra=NOT_OUTPUT)
     """Shard root: `<out_dir>/<split>/shard-%06d.tar`, plus manifest.json and dead_letter.jsonl."""
     reader: Literal["opencv"] = "opencv"

@@ -44,6 +44,9 @@ class DataConfig(Section):
     """Batch examples of similar length: sort each `length_groups` x `micro_batch_size` shuffled examples by length,
     cut them into batches (under `token_budget`), shuffle the batches. Removes most padding where lengths vary
     (`preprocess.frame_mode: family`, real videos); 0: batches in stream order."""
+    auto_share: float | None = Field(None, ge=0, le=1)
+    """Share of SFT's examples drawn from auto-labelled queries (`auto:` sources, the annotate stage); the rarer side
+    is kept whole and the other thinned. null: every query as it comes; 0: auto labels are not trained on."""
     max_seq_len: int = Field(2048, ge=16)
     """Longest example in tokens; a longer one would truncate its answer and is skipped (and fails sanity checks)."""
     timestamps: Literal["native", "text"] = "native"

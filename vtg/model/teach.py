@@ -54,12 +54,54 @@ def taught_base(base: str | Path, suite: str | Path, *, steps: int, lr: float, b
     return build_once(out, MARKER, marker, lambda tmp: _teach_into(tmp, Path(base), Path(suite), settings, marker))
 
 
+def teach_if_tiny(cfg, name: str, base: str) -> str:
+    """`base` (the resolved path of the base named `name`) taught `train.teach.suite` when `name` is a tiny base
+    (built once and cached: every rank, and the annotate stage's annotator, find the same directory); any other
+    base, or no suite, unchanged."""
+    from vtg.model.tiny import tiny_family
+
+    t, frames = cfg.train.teach, cfg.evaluate.forgetting
+    if not tiny_family(name) or not t.suite or not t.steps:
+        return base
+    if not Path(t.suite).is_file():
+        log.warning("train.teach.suite %s does not exist: the tiny base is not taught a general task, so "
+                    "forgetting has nothing to measure (build the corpus first, or set train.teach.suite=)", t.suite)
+        return base
+    return str(taught_base(base, t.suite, steps=t.steps, lr=t.lr, batch_size=t.batch_size,
+                           num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed))
+
+
+def fit(model, tokenizer, batch, *, steps: int, lr: float) -> list[float]:
+    """Teach `model` (every parameter) for `steps` AdamW steps on `batch(step)` (encoded examples, labels on the
+    answer tokens), lr warmed up linearly over the first tenth, gradients clipped at 1. Returns the losses. The one
+    teaching loop: a taught tiny base (here) and the annotate stage's taught annotator (`annotate.model`)."""
+    import torch
+
+    from vtg.model.processing import collate, model_inputs
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model.train()
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    losses = []
+    for step in range(steps):
+        inputs = model_inputs(collate(batch(step), pad))  # with the labels: the answer tokens only
+        for group in optim.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))  # linear warmup over a tenth
+        loss = model(**inputs).loss
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(loss.item())
+    return losses
+
+
 def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> None:
     import torch
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from vtg.general_tasks import answer_text, load_frames, prompt_text, read_suite
-    from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
+    from vtg.model.processing import VisionParams, encode_example
     from vtg.model.processor_facts import save_processor_config
 
     t0 = time.perf_counter()
@@ -73,28 +115,18 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(base)
     vision = VisionParams.from_model(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    model.train()
-    optim = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.98))
     rng = np.random.default_rng(s["seed"])
-    losses = []
-    for step in range(s["steps"]):
-        batch = []
+
+    def batch(step: int) -> list[dict]:
+        out = []
         for i in rng.choice(len(items), size=min(s["batch_size"], len(items)), replace=False):
             item = items[i]
             frames, times = clips[(item.video or item.image, item.start_s, item.end_s)]
-            batch.append(encode_example(tokenizer, frames, times, prompt_text(item), answer_text(item), vision=vision,
-                                        key=item.id))
-        inputs = model_inputs(collate(batch, pad))  # with the labels: the answer tokens only
-        lr = s["lr"] * min(1.0, (step + 1) / max(1, s["steps"] // 10))  # linear warmup over a tenth
-        for group in optim.param_groups:
-            group["lr"] = lr
-        loss = model(**inputs).loss
-        optim.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        losses.append(loss.item())
+            out.append(encode_example(tokenizer, frames, times, prompt_text(item), answer_text(item), vision=vision,
+                                      key=item.id))
+        return out
+
+    losses = fit(model, tokenizer, batch, steps=s["steps"], lr=s["lr"])
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     save_processor_config(model, tmp)

@@ -1,4 +1,6 @@
-"""Leak-free partitioning: a split is a pure function of the partition key (video or duplicate cluster).
+"""Leak-free partitioning: a split is a pure function of the partition key (video or duplicate cluster). The one
+home of the rule: preprocess assigns splits with it, the annotate stage keeps its teaching and withheld videos in
+train with it.
 
 The key is hashed to a point in [0, 1) and the splits own consecutive intervals in a fixed order, so adding
 videos never moves old ones, and every member of a near-duplicate cluster shares the canonical member's key.
@@ -6,9 +8,14 @@ videos never moves old ones, and every member of a near-duplicate cluster shares
 
 from __future__ import annotations
 
-from beam_jobs.text_bias import stable_fraction
+import hashlib
 
 SPLIT_ORDER = ("train", "val", "test")
+
+
+def stable_fraction(key: str) -> float:
+    """A stable hash of `key` in [0, 1)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
 
 
 def split_of(partition_key: str, fractions: dict[str, float]) -> str:
