@@ -142,14 +142,12 @@ def model_dir(path: str | Path) -> str:
     return str(export if export.is_dir() else ckpt)
 
 
-def load(path: str | Path):
-    """(model, tokenizer) for inference through the shared loader; an export keeps the query position and time
-    encoding it was trained with (its tokenizer config says)."""
-    import torch
-
+def load(path: str | Path, device: str = "cpu"):
+    """(model, tokenizer) for inference through the shared loader (fp32 on the CPU, bf16 on a GPU); an export keeps
+    the query position and time encoding it was trained with (its tokenizer config says)."""
     from vtg.model.modeling import load_model_and_tokenizer
 
-    return load_model_and_tokenizer(model_dir(path), dtype=torch.float32)
+    return load_model_and_tokenizer(model_dir(path), device=device)
 
 
 def _generate(model, tokenizer, clips: Sequence[Clip], prompts: Sequence[str], max_new_tokens: int,

@@ -181,7 +181,10 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
     proposer_path, verifier_path, teach_report = _models(cfg, by_video, withheld_ids, sources, progress)
     digest = annotator.weights_digest(proposer_path)
     source_id = auto_source(digest)
-    model, tok = annotator.load(proposer_path)
+    from vtg.model.modeling import resolve_device
+
+    device = resolve_device(a.device, "annotate.device")
+    model, tok = annotator.load(proposer_path, device)
     order = [t for t in targets if t.video_id in clips]
     proposals: list[tuple[Target, str, tuple[float, float], float]] = []
     for i, batch in enumerate(_progress(_batches(order, a.batch_size), "annotate: propose", progress, "batch")):
@@ -198,7 +201,7 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
                                 for q, w in o) for o in others)
                 proposals.append((t, query, window, round(agree / len(others), 4) if others else 1.0))
     if verifier_path != proposer_path:
-        model, tok = annotator.load(verifier_path)
+        model, tok = annotator.load(verifier_path, device)
     auto: list[CanonicalRecord] = []
     counters: Counter = Counter()
     for batch in _progress(_batches(proposals, a.batch_size), "annotate: verify", progress, "batch"):
@@ -246,9 +249,14 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
 
 
 def _name(path: str | Path) -> str:
-    """A model as the summary names it: a cached taught annotator by its folder name, a checkpoint by its path."""
+    """A model as the summary and the records name it: a cached taught annotator by its folder name, a checkpoint in
+    the project by its path from there (no machine path reaches a record or MLflow), any other as configured."""
     p = Path(path)
-    return p.name if ".cache" in p.parts else str(path)
+    if ".cache" in p.parts:
+        return p.name
+    if p.is_absolute() and p.resolve().is_relative_to(Path.cwd().resolve()):
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    return str(path)
 
 
 def _models(cfg: PipelineConfig, by_video: dict, withheld: set[str], sources: Sources,

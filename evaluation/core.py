@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from evaluation import forgetting, intervals
@@ -19,18 +18,11 @@ from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
 from vtg.harness import WINDOWED, build_card, digest, frame_facts
 from vtg.io import file_digest
+from vtg.model.modeling import resolve_device
 from vtg.queries import QueryExample, ReadStats, iter_examples, iter_spans
 from vtg.shards import list_shards, read_manifest
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise VTGError(f"evaluate.device={device} but no CUDA device is available; use auto or cpu")
-    return device
 
 
 def _batched(examples: Iterator[QueryExample], size: int) -> Iterator[list[QueryExample]]:

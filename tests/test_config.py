@@ -213,7 +213,7 @@ def test_every_field_has_a_docstring():
 NOT_OUTPUT_FIELDS = {
     "corpus": {"out_dir", "workers"},
     "ingest": {"out", "dead_letter", "summary"},
-    "annotate": {"records", "out", "proposals", "withheld", "summary", "progress"},
+    "annotate": {"records", "out", "proposals", "withheld", "summary", "progress", "device"},
     "preprocess": {"records", "out_dir", "runner", "runner_profiles", "direct_num_workers", "progress",
                    "decode_threads"},
     "train": {"out_dir", "resume", "checkpoint_hooks", "progress", "log_every", "data.prefetch_factor", "gpu_mem_gb",

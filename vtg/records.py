@@ -9,7 +9,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_serializer, model_validator
 
-
 AUTO_FIELDS = ("video_source", "confidence", "verdict")
 """Fields only auto records (the annotate stage's) set; left out of a record's JSON when unset."""
 

@@ -16,7 +16,7 @@ class AnnotateTeachConfig(Section):
     batch_size: int = Field(16, ge=1)
     """Examples per step (half captioning, half grounding when both are taught)."""
     seed: int = 0
-    """Seed of the initial weights' order of examples and of proposal sampling."""
+    """Seed of the teaching's example order and of the proposals' sampling."""
 
 
 class AnnotateConfig(Section):
@@ -66,6 +66,8 @@ class AnnotateConfig(Section):
     proposals at window precision 0.86, 0.5 accepted 61 at 0.82 (the verifier, not the agreement, sorts windows)."""
     max_new_tokens: int = Field(48, ge=8)
     """Token limit of a captioning."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", json_schema_extra=NOT_OUTPUT)
+    """Where the annotator runs: `auto` = the GPU when there is one (bf16), else the CPU (fp32)."""
     batch_size: int = Field(16, ge=1)
     """Videos per generation batch (left padding: sampled tokens depend on the batch's layout, so it counts)."""
     out: str = Field("data/interim/annotated_records.jsonl", json_schema_extra=NOT_OUTPUT)

@@ -85,6 +85,15 @@ def resolve_base(base: str, seed: int = 0) -> str:
     return str(build_tiny_model(seed=seed, family=family)) if family else base
 
 
+def resolve_device(device: str, key: str = "evaluate.device") -> str:
+    """`auto` -> cuda when there is one, else cpu; a cuda device without CUDA is an error naming `key`."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise VTGError(f"{key}={device} but no CUDA device is available; use auto or cpu")
+    return device
+
+
 def _default_dtype(device: str | torch.device) -> torch.dtype:
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_bf16_supported():
