@@ -29,7 +29,14 @@ import torch
 import webdataset as wds
 
 from vtg.errors import VTGError
-from vtg.model.processing import VisionParams, answer_text, collate, encode_example, frame_size_for
+from vtg.model.processing import (
+    VisionParams,
+    answer_text,
+    chat_prompt,
+    collate,
+    encode_example,
+    frame_size_for,
+)
 from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key, read_manifest
 from vtg.sources import is_auto
 
@@ -160,9 +167,8 @@ class Expander:
 
     def __init__(self, tokenizer, vision: VisionParams, errors: ErrorLog):
         self.tokenizer, self.vision, self.errors = tokenizer, vision, errors
-        self.overhead = len(tokenizer(tokenizer.apply_chat_template(
-            [{"role": "user", "content": [{"type": "text", "text": ""}]}], tokenize=False,
-            add_generation_prompt=True))["input_ids"]) + 12  # + vision start/end and a typical answer
+        self.overhead = len(tokenizer(chat_prompt(tokenizer, [{"role": "user", "content": [
+            {"type": "text", "text": ""}]}]))["input_ids"]) + 12  # + vision start/end and a typical answer
 
     def __call__(self, samples: Iterator[dict]) -> Iterator[dict]:
         for s in samples:

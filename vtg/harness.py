@@ -48,10 +48,9 @@ def digest(value) -> str:
 def prompt_text(tokenizer, position: str = "after") -> str:
     """The generation prompt as the model gets it, with `{query}` where the query goes and the family's video
     placeholder where the frames go (the chat template with its default system turn)."""
-    from vtg.model.processing import QUERY_SLOT, build_messages
+    from vtg.model.processing import QUERY_SLOT, build_messages, chat_prompt
 
-    messages = build_messages(QUERY_SLOT, position)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = chat_prompt(tokenizer, build_messages(QUERY_SLOT, position))
     return text.replace(QUERY_SLOT, "{query}")
 
 

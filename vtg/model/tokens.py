@@ -4,8 +4,9 @@ in is never longer than the longest query pre-flight budgeted for (docs/faults.m
 
 The tokenizer is the model's own when it is here without a download: `tiny`, a local export, a `shape-true:`
 spec (its tokenizer), or a hub id in the local Hugging Face cache. A Qwen2.5-VL or Qwen3-VL hub id never
-downloaded gets its real tokenizer rebuilt offline (`vtg.model.qwen_tokenizer`: the counts are exact). Otherwise
-(Qwen3.5, whose tokenizer cannot be rebuilt here, or an unknown id) the local tiny tokenizer stands in, with
+downloaded gets its real tokenizer rebuilt offline (`vtg.model.qwen_tokenizer`: the counts are exact); so does a
+Qwen3.5 one (exact up to its reconstructed chat template). Otherwise (an unknown id) the local tiny tokenizer
+stands in, with
 Qwen's default system turn: an upper bound on the text, since its 392-token byte-level BPE splits English words
 far finer than Qwen's vocabularies.
 """
