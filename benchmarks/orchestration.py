@@ -2,7 +2,7 @@
 
 1. wall time of the `post-training` flow (`python -m flows`, ephemeral Prefect API, MLflow, content keys, the
    embedded evaluator process, the report) vs calling the same stage CLIs directly one after another
-   (corpus, ingest, preprocess, train, rl, evaluate: the commands dvc.yaml runs)              -> ratio and seconds
+   (corpus, ingest, annotate, preprocess, train, rl, evaluate: the commands dvc.yaml runs)     -> ratio and seconds
 2. delay from a checkpoint being saved (training's hook) to its evaluation starting (embedded evaluator).
 3. a second flow run with unchanged inputs (every step skipped by content) vs the first.
 
@@ -37,10 +37,10 @@ from benchmarks.figures import REPO, Run, default_json
 STANDINS = REPO / "tests" / "flows" / "standins"
 PY = sys.executable
 
-STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest",
+STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest", "annotate": "standin_stages.annotate",
            "preprocess": "standin_stages.preprocess", "train": "standin_stages.train", "rl": "standin_stages.rl",
            "evaluate": "standin_stages.evaluate_cli"}
-REAL = {"corpus": "corpus", "ingest": "ingest", "preprocess": "beam_jobs.preprocess",
+REAL = {"corpus": "corpus", "ingest": "ingest", "annotate": "annotate", "preprocess": "beam_jobs.preprocess",
         "train": "training", "rl": "training.rl", "evaluate": "evaluation"}
 
 
@@ -55,7 +55,7 @@ def overrides(real: bool, steps: int, full: bool = False) -> list[str]:
         "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint"]
 
 
-CODE = ("vtg", "corpus", "ingest", "beam_jobs", "training", "evaluation", "flows")
+CODE = ("vtg", "corpus", "ingest", "annotate", "beam_jobs", "training", "evaluation", "flows")
 
 
 def fresh_dir(root: Path, name: str, project: bool = False) -> Path:
@@ -106,7 +106,8 @@ def direct(d: Path, mods: dict[str, str], ov: list[str]) -> dict[str, float]:
     """The same stages, called one after another with no orchestration (what a shell script would do)."""
     env = env_for(d)
     args = ["--params", "params.yaml", *ov]
-    stages = ("corpus", "ingest", "preprocess", "train", "rl", "evaluate")  # evaluate: every checkpoint, best on test
+    # evaluate: every checkpoint, best on test
+    stages = ("corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate")
     return {s: round(timed([PY, "-m", mods[s], *args], d, env), 1) for s in stages}
 
 

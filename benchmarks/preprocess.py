@@ -120,7 +120,16 @@ def job_workers(cfg, beam_argv: list[str]) -> int:
     return int(opts.get("direct_num_workers") or 1) or (os.cpu_count() or 1)
 
 
-def measure(args, size: int | None, beam_argv: list[str]) -> dict:
+def frame_size(text: str) -> tuple[int, int] | None:
+    """`--size` values: `448` (a square side), `1280x720` (width x height), `0` (params.yaml's corpus size)."""
+    w, _, h = text.lower().partition("x")
+    width, height = int(w), int(h or w)
+    if width < 0 or height < 0 or (width == 0) != (height == 0):
+        raise argparse.ArgumentTypeError(f"--size {text!r}: a side in px (448), WxH (1280x720) or 0")
+    return (width, height) if width else None
+
+
+def measure(args, size: tuple[int, int] | None, beam_argv: list[str]) -> dict:
     """Every measurement of the docstring on one corpus (built at frame side `size`, or --corpus); prints them."""
     tmp = Path(tempfile.mkdtemp(prefix="vtg-bench-pp-"))
     corpus = Path(args.corpus) if args.corpus else tmp / "corpus"
@@ -129,7 +138,7 @@ def measure(args, size: int | None, beam_argv: list[str]) -> dict:
             f"ingest.out={tmp}/records.jsonl", f"ingest.dead_letter={tmp}/ingest_dead.jsonl",
             f"ingest.summary={tmp}/ingest_summary.json", f"preprocess.records={tmp}/records.jsonl",
             f"preprocess.out_dir={tmp}/shards", "preprocess.progress=false", declared_at(corpus),
-            *([f"corpus.width={size}", f"corpus.height={size}"] if size else [])]
+            *([f"corpus.width={size[0]}", f"corpus.height={size[1]}"] if size else [])]
     cfg = load_config(args.params, None, over)
     if not args.corpus:
         from corpus import build_corpus
@@ -218,11 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-videos", type=int, default=1200,
                     help="clean videos in each built corpus (a small corpus is dominated by Beam's fixed start-up)")
-    ap.add_argument("--size", type=int, nargs="+", default=[0, 448], metavar="PX",
-                    help="frame sides of the built corpora, one measurement each (default: 0 448; 0 = params.yaml, "
-                         "112 px). A 112-px frame decodes in ~25 us, so the job's fixed per-frame work (a thumbnail "
-                         "of every frame, candidates, blur scores) weighs several times the decode there; 448 px is "
-                         "about the size of real 360p-480p video")
+    ap.add_argument("--size", type=frame_size, nargs="+", default=[None, (448, 448)], metavar="PX|WxH",
+                    help="frame sizes of the built corpora, one measurement each: a side (448) or WxH (1280x720, "
+                         "1920x1080: real clips' sizes); default: 0 448 (0 = params.yaml, 112 px). A 112-px frame "
+                         "decodes in ~25 us, so the job's fixed per-frame work (a thumbnail of every frame, "
+                         "candidates, blur scores) weighs several times the decode there; 448 px is about the size "
+                         "of real 360p-480p video")
     ap.add_argument("--corpus", default=None, help="measure this built corpus directory instead (ignores --size)")
     ap.add_argument("--params", default="params.yaml")
     ap.add_argument("--json", default=default_json("preprocess"), help="where to write the figures")
@@ -231,8 +241,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.disable(logging.WARNING)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     cv2.setNumThreads(1)  # all measure one thread per process (the job's workers set the same)
-    sizes = [None] if args.corpus else [s or None for s in args.size]
-    labels = ["corpus"] if args.corpus else [f"{size or load_config(args.params).corpus.width}px" for size in sizes]
+    sizes = [None] if args.corpus else list(args.size)
+    default = load_config(args.params).corpus
+    labels = ["corpus"] if args.corpus else [
+        f"{w}px" if w == h else f"{w}x{h}px" for w, h in (s or (default.width, default.height) for s in sizes)]
     results = [measure(args, size, beam_argv) for size in sizes]
     print("\nsummary (targets: job >= 1x detect(), >= 0.5x decode-only; decode-only: the fastest threading)")
     print(f"{'frames':>12s} {'videos':>6s} {'video-h':>7s} {'job s':>6s} {'start-up':>8s} {'detect s':>8s} "

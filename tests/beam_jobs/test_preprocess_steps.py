@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from datasketch import MinHashLSH
 
-from beam_jobs import dedup, frames, partition, probe, quality, scenes, summary, text_bias
+from beam_jobs import dedup, frames, probe, quality, scenes, summary, text_bias
 from beam_jobs.probe import DecodeError, decode_video
 from beam_jobs.sink import query_verdict, sample_key
 from vtg.config.preprocess import QualityConfig
+from vtg.splits import split_of
 
 
 def test_decode_once_finds_hard_cuts_and_rejects_bad_files(tmp_path, write_video):
@@ -218,8 +219,8 @@ def test_blind_predictor_is_cross_fitted():
 
 def test_partition_is_stable_and_additive():
     fr = {"train": 0.8, "val": 0.1, "test": 0.1}
-    old = {f"v{i}": partition.split_of(f"v{i}", fr) for i in range(2000)}
-    assert old == {f"v{i}": partition.split_of(f"v{i}", fr) for i in range(2000)}
+    old = {f"v{i}": split_of(f"v{i}", fr) for i in range(2000)}
+    assert old == {f"v{i}": split_of(f"v{i}", fr) for i in range(2000)}
     counts = {s: sum(v == s for v in old.values()) for s in fr}
     assert 0.75 < counts["train"] / 2000 < 0.85 and counts["val"] > 150 and counts["test"] > 150
 

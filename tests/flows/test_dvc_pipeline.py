@@ -33,9 +33,9 @@ def test_repro_noop_then_selective_rerun_and_exp_run(project: Path):
     assert "up to date" in out.lower()
 
     dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train, rl, evaluate rerun, nothing else
-    assert stage_calls(project)[6:] == ["train", "rl", "evaluate-cli"]
+    assert stage_calls(project)[7:] == ["train", "rl", "evaluate-cli"]
     dvc(project, "exp", "run", "-S", "orchestration.rl=false")  # SFT only: rl (an empty root) and evaluate rerun
-    assert stage_calls(project)[9:] == ["rl", "evaluate-cli"]
+    assert stage_calls(project)[10:] == ["rl", "evaluate-cli"]
     assert "0.0005" in dvc(project, "exp", "show", "--no-pager", "--csv")
 
     dvc(project, "push")  # the local remote of .dvc/config (a folder beside the repo's data)

@@ -55,7 +55,7 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     # nothing before `train` again: dvc.lock records them as done; SFT, then RL, then the evaluate stage
     assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
     log = second.stdout + second.stderr
-    assert log.count("Cached('up to date (dvc.lock)'") == 3
+    assert log.count("Cached('up to date (dvc.lock)'") == 4
 
     report = (project / "reports/pipeline_report.md").read_text()
     assert "eval_mode | `embedded`" in report and "Held-out test metrics" in report
@@ -96,12 +96,13 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     assert f"-> SFT checkpoint {rl_chain['parent_checkpoint']}  step 8" in text and chain["source_digest"] in text
 
     # A code dependency dvc.yaml lists (the answer format) changed: the flow reruns exactly the stages that
-    # depend on it, as `dvc repro` would (`Cached` for the first three). (That a flow run on a finished project
+    # depend on it, as `dvc repro` would: annotate (its verifier reads answers; its output is the same bytes, so
+    # preprocess stays `Cached` with corpus and ingest), then train, rl and evaluate. (That a flow run on a finished project
     # skips every stage is the front-door test's, on the real stages.)
     with (project / "vtg" / "answer.py").open("a") as f:
         f.write("\n# answer format v2\n")
     before = len(stage_calls(project))
     third = run([PY, "-m", "flows", *overrides], project, env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert stage_calls(project)[before:] == ["train", "rl", "evaluate-cli"]
+    assert stage_calls(project)[before:] == ["annotate", "train", "rl", "evaluate-cli"]
     assert (third.stdout + third.stderr).count("Cached('up to date (dvc.lock)'") == 3
