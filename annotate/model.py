@@ -152,22 +152,13 @@ def load(path: str | Path, device: str = "cpu"):
 
 def _generate(model, tokenizer, clips: Sequence[Clip], prompts: Sequence[str], max_new_tokens: int,
               temperature: float | None) -> list[str]:
-    import torch
+    """Answers to `prompts` on `clips` through the generation evaluation and RL use (`greedy_answers`)."""
+    from vtg.model.generation import greedy_answers
+    from vtg.queries import QueryExample
 
-    from vtg.model.generation import pad_id, vision_params
-    from vtg.model.processing import collate, encode_example, model_inputs
-
-    vision = vision_params(model)
-    encoded = [encode_example(tokenizer, c.frames, c.timestamps, p, None, vision=vision, key=c.video_id)
-               for c, p in zip(clips, prompts, strict=True)]
-    batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="left"), model.device, model.dtype)
-    batch.pop("labels", None)
-    prompt_len = batch["input_ids"].shape[1]
-    kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
-        "do_sample": False}
-    with torch.inference_mode():
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=pad_id(tokenizer), **kw)
-    return tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
+    examples = [QueryExample(key=c.video_id, query=p, windows=[], duration_s=c.duration_s, source="",
+                             frames=c.frames, timestamps=c.timestamps) for c, p in zip(clips, prompts, strict=True)]
+    return greedy_answers(model, tokenizer, examples, model.device, max_new_tokens, temperature=temperature)
 
 
 def captionings(model, tokenizer, clips: Sequence[Clip], *, samples: int, temperature: float, max_new_tokens: int,

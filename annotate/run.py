@@ -203,7 +203,8 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
     if verifier_path != proposer_path:
         model, tok = annotator.load(verifier_path, device)
     auto: list[CanonicalRecord] = []
-    counters: Counter = Counter()
+    counters: Counter = Counter()  # verdicts
+    per_video: Counter = Counter()  # proposals verified so far per video: each auto record's index
     for batch in _progress(_batches(proposals, a.batch_size), "annotate: verify", progress, "batch"):
         answers = annotator.ground(model, tok, [clips[t.video_id] for t, *_ in batch], [q for _, q, *_ in batch])
         for (t, query, window, conf), answer in zip(batch, answers, strict=True):
@@ -213,8 +214,8 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
             reason = ("verifier_disagrees" if iou < a.verify_iou else
                       "low_confidence" if conf < a.min_confidence else ACCEPTED)
             counters[reason] += 1
-            k = counters[f"video:{t.video_id}"]
-            counters[f"video:{t.video_id}"] += 1
+            k = per_video[t.video_id]
+            per_video[t.video_id] += 1
             row = {"video_id": t.video_id, "query": query, "window": list(window), "confidence": conf,
                    "verdict": reason, "verifier": verdict, "withheld_video": t.withheld}
             if reason == ACCEPTED:
@@ -235,8 +236,7 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
         "videos_without_proposal": sum(r["verdict"] in ("no_proposal", "too_long", "unreadable_video",
                                                         "has_records") for r in rows),
         "proposals": len(proposals), "accepted": accepted, "rejected": len(proposals) - accepted,
-        "rejected_by_reason": {k: v for k, v in sorted(counters.items())
-                               if not k.startswith("video:") and k != ACCEPTED},
+        "rejected_by_reason": {k: v for k, v in sorted(counters.items()) if k != ACCEPTED},
         "videos_by_verdict": dict(sorted(Counter(r["verdict"] for r in rows if "query" not in r).items())),
         "auto_records": len(auto), "records_out": len(passed) + len(auto),
         "annotator": {"source": source_id, "proposer": _name(proposer_path), "verifier": _name(verifier_path),

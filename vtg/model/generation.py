@@ -35,11 +35,14 @@ def encode_queries(tokenizer, examples: list[QueryExample], vision: VisionParams
 
 @torch.inference_mode()
 def greedy_answers(model, tokenizer, examples: list[QueryExample], device, max_new_tokens: int,
-             blank: bool = False) -> list[str]:
-    """Greedy answers for one batch (left padding, so every prompt ends where generation starts)."""
+             blank: bool = False, temperature: float | None = None) -> list[str]:
+    """Greedy answers for one batch (left padding, so every prompt ends where generation starts); with a
+    `temperature`, sampled ones instead (pure temperature sampling: no top-k or top-p cut)."""
     encoded = encode_queries(tokenizer, examples, vision_params(model), blank)
     batch = model_inputs(collate(encoded, pad_id(tokenizer), padding_side="left"), device, model.dtype)
     batch.pop("labels", None)
     prompt_len = batch["input_ids"].shape[1]
-    out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id(tokenizer))
+    sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else
+                {"do_sample": False})
+    out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=pad_id(tokenizer), **sampling)
     return tokenizer.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
