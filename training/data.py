@@ -4,9 +4,10 @@
     -> split_by_node -> split_by_worker -> open tar -> group members by sample key
     -> expand: one raw example per query (JPEG bytes kept, nothing decoded yet; bad JSON skipped + counted)
     -> shuffle buffer (seeded per rank and worker)
-    -> token-budget batching (short sequences in bigger batches)
+    -> token-budget batching (short sequences in bigger batches; length groups: similar lengths together)
     -> skip the batches a resumed run already consumed (cheap: nothing decoded)
-    -> decode JPEGs + encode (chat template, patchify) + collate (undecodable frames skipped + counted)
+    -> decode JPEGs + encode (chat template, patchify) + collate: padded to the longest, or packed end to end in
+       rows (`train.data.packing`, vtg/model/packing.py) (undecodable frames skipped + counted)
 
 Every stage is deterministic given (seed, rank, worker), and the DataLoader hands out worker batches round
 robin, so the data position is one number: batches consumed by this rank. Errors reach the main process
@@ -29,13 +30,14 @@ import torch
 import webdataset as wds
 
 from vtg.errors import VTGError
+from vtg.model.packing import first_fit_rows, pack, pack_rows
 from vtg.model.processing import (
     VisionParams,
     answer_text,
-    chat_prompt,
     collate,
     encode_example,
-    frame_size_for,
+    example_ids,
+    video_grid,
 )
 from vtg.shards import SampleMeta, decode_jpegs, list_shards, member_key, read_manifest
 from vtg.sources import is_auto
@@ -54,6 +56,11 @@ class StreamSpec:
     token_budget: int = 0
     length_groups: int = 0
     """Batches per length-sorted group (`train.data.length_groups`); 0: batches in stream order."""
+    packing: bool = False
+    """Pack each micro-batch's examples in rows (`vtg.model.packing.pack`); the budget then counts real tokens."""
+    pack_length: int = 0
+    one_row: bool = False
+    """Packing: the whole micro-batch in one row (flash-attn's varlen kernels), else rows of its longest example."""
     max_seq_len: int = 2048
     skip_batches: int = 0
     """Batches of this rank's stream already consumed (exact resume)."""
@@ -163,12 +170,12 @@ def _image_size(jpeg: bytes) -> tuple[int, int]:
 
 
 class Expander:
-    """Grouped tar members -> one raw example per query (frames stay JPEG bytes until the batch is decoded)."""
+    """Grouped tar members -> one raw example per query (frames stay JPEG bytes until the batch is decoded), with
+    its exact token count (`n_tokens`: the text side of `encode_example`, `example_ids`, on the grid the frames will
+    have), which batching and packing plan with."""
 
     def __init__(self, tokenizer, vision: VisionParams, errors: ErrorLog):
         self.tokenizer, self.vision, self.errors = tokenizer, vision, errors
-        self.overhead = len(tokenizer(chat_prompt(tokenizer, [{"role": "user", "content": [
-            {"type": "text", "text": ""}]}]))["input_ids"]) + 12  # + vision start/end and a typical answer
 
     def __call__(self, samples: Iterator[dict]) -> Iterator[dict]:
         for s in samples:
@@ -183,14 +190,12 @@ class Expander:
                 self.errors.add(f"bad_sample: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                                 f"{s.get('__url__', '')}:{key}")
                 continue
-            v = self.vision
-            rh, rw = frame_size_for(meta.num_frames, h, w, v)
-            n_video = (-(-meta.num_frames // v.temporal_patch_size) * (rh // v.patch_size) * (rw // v.patch_size)
-                       // v.merge_size ** 2)
+            grid = video_grid(meta.num_frames, h, w, self.vision)
             for qi, q in enumerate(meta.queries):
-                n_text = len(self.tokenizer(q.text, add_special_tokens=False)["input_ids"])
+                prompt, answer, _, _ = example_ids(self.tokenizer, grid, meta.frame_timestamps, q.text,
+                                                   answer_text(q.windows), self.vision)
                 yield {"key": f"{meta.key}#{qi}", "jpegs": jpegs, "timestamps": meta.frame_timestamps,
-                       "query": q.text, "windows": q.windows, "n_tokens": n_video + n_text + self.overhead,
+                       "query": q.text, "windows": q.windows, "n_tokens": len(prompt) + len(answer),
                        "auto": is_auto(q.source)}
 
 
@@ -256,13 +261,66 @@ def length_grouped_batches(examples: Iterator[dict], max_batch: int, token_budge
         yield from batches
 
 
+def packed_batches(examples: Iterator[dict], max_batch: int, token_budget: int, groups: int, pack_length: int,
+                   one_row: bool, rng: random.Random) -> Iterator[list[dict]]:
+    """Micro-batches of packed rows (`train.data.packing`; vtg/model/packing.py) of at most `max_batch` examples and
+    `token_budget` tokens: take examples (already shuffled) until they hold `groups` micro-batches' worth (tokens or
+    examples), place them first-fit-decreasing in rows, and cut the rows into micro-batches, yielded in an order drawn
+    from `rng` (`groups=0`: one micro-batch's worth at a time, in stream order). With `one_row` a micro-batch is one
+    row (flash-attn); else rows are as long as the pool's longest example (or `pack_length` if longer) and a
+    micro-batch holds `token_budget // row length` of them. Each example is marked with its row (`pack_row`).
+    Deterministic: the same stream and seed give the same micro-batches (exact resume by skipping batches)."""
+    if token_budget <= 0:
+        raise VTGError("train.data.packing=true needs train.data.token_budget > 0 (the tokens one micro-batch packs)")
+    it = iter(examples)
+    pools = max(1, groups)
+    carry: list[dict] = []
+    while True:
+        pool, total, ended = list(carry), sum(ex["n_tokens"] for ex in carry), True
+        for ex in it:
+            pool.append(ex)
+            total += ex["n_tokens"]
+            if total >= pools * token_budget or len(pool) >= pools * max_batch:
+                ended = False
+                break
+        if not pool:
+            return
+        lengths = [ex["n_tokens"] for ex in pool]
+        if one_row:
+            chunks = [[row] for row in first_fit_rows(lengths, token_budget, max_batch)]
+        else:
+            capacity = max(pack_length, max(lengths))
+            per, chunks = max(1, token_budget // capacity), []
+            for row in first_fit_rows(lengths, capacity):
+                if not chunks or len(chunks[-1]) >= per or sum(map(len, chunks[-1])) + len(row) > max_batch:
+                    chunks.append([])
+                chunks[-1].append(row)
+        # The pool's last micro-batch is mostly a remainder: unless the stream ended, its examples (those not carried
+        # before: none waits twice) start the next pool instead of padding a small batch.
+        last = [pool[i] for row in chunks[-1] for i in row]
+        carry = []
+        if not ended and len(chunks) > 1 and sum(ex["n_tokens"] for ex in last) < token_budget / 2 \
+                and not any(ex.get("carried") for ex in last):
+            chunks.pop()
+            carry = [{**ex, "carried": True} for ex in last]
+        batches = [[{**pool[i], "pack_row": r} for r, row in enumerate(chunk) for i in row] for chunk in chunks]
+        if groups > 0:
+            rng.shuffle(batches)
+        yield from batches
+
+
 def padding_fraction(batches: Iterator[list[dict]]) -> tuple[float, int]:
-    """(share of a stream's padded tokens that are padding, real tokens) for raw batches with `n_tokens`."""
+    """(share of a stream's token slots that are padding, real tokens) for raw batches with `n_tokens`: padded to
+    the longest, or packed in the rows `packed_batches` marked (`pack_row`), each as long as the longest row."""
     real = padded = 0
     for b in batches:
         lengths = [ex["n_tokens"] for ex in b]
         real += sum(lengths)
-        padded += max(lengths) * len(lengths)
+        if "pack_row" in b[0]:
+            rows = pack_rows(b)
+            padded += len(rows) * max(sum(lengths[i] for i in row) for row in rows)
+        else:
+            padded += max(lengths) * len(lengths)
     return (1 - real / padded if padded else 0.0), real
 
 
@@ -294,7 +352,11 @@ class ShardStream(torch.utils.data.IterableDataset):
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
         examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
         order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged
-        batches = length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
+        if s.packing:
+            batches = packed_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, s.pack_length,
+                                     s.one_row, order)
+        else:
+            batches = length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
         return islice(batches, skip, None)
 
     def encode(self, raw: list[dict], errors: ErrorLog) -> list[dict]:
@@ -302,9 +364,12 @@ class ShardStream(torch.utils.data.IterableDataset):
         for ex in raw:
             try:
                 frames = decode_jpegs(ex["jpegs"])
-                out.append(encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
-                                          answer_text(ex["windows"]), vision=self.vision,
-                                          max_length=self.spec.max_seq_len, key=ex["key"]))
+                enc = encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
+                                     answer_text(ex["windows"]), vision=self.vision,
+                                     max_length=self.spec.max_seq_len, key=ex["key"])
+                if "pack_row" in ex:
+                    enc["pack_row"] = ex["pack_row"]
+                out.append(enc)
             except ValueError as e:
                 errors.add(f"bad_example: {str(e).splitlines()[0][:200]}", ex["key"])
         return out
@@ -314,7 +379,12 @@ class ShardStream(torch.utils.data.IterableDataset):
         pad = self.tokenizer.pad_token_id
         for raw in self.raw_batches(errors):
             examples = self.encode(raw, errors)
-            batch = collate(examples, pad) if examples else {"keys": []}
+            if not examples:
+                batch = {"keys": []}
+            elif self.spec.packing:
+                batch = pack(examples, pad)
+            else:
+                batch = collate(examples, pad)
             batch["data_errors"] = errors.drain()
             yield batch
 

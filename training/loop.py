@@ -51,6 +51,7 @@ from vtg.model.modeling import (
     resolve_base,
     torch_dtype,
 )
+from vtg.model.packing import check_packable, is_packed, packed_inputs, rope_owner
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from vtg.model.teach import teach_if_tiny
 from vtg.selection import TRAIN_LOSS_AVG, window_mean
@@ -71,6 +72,9 @@ class RunState:
     data_errors: int = 0
     losses: list[float] = field(default_factory=list)
 
+
+PADDING_ADVICE = 0.2
+"""Padding share of a log window above which a run that neither groups nor packs is told how to (once)."""
 
 TRAIN_KEY = "train_hash"
 """meta.json key of the SFT run key (`train_hash`): resuming needs a match."""
@@ -115,6 +119,11 @@ class Trainer:
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
         self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
+        if self.tcfg.data.packing:
+            check_packable(self.model)
+        self.rope = rope_owner(self.model) if self.tcfg.data.packing else None
+        self._advised = False
+        self.one_row = getattr(self.model.config, "_attn_implementation", "") == "flash_attention_2"
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
@@ -188,6 +197,7 @@ class Trainer:
         spec = StreamSpec(urls=tuple(self.urls), seed=self.tcfg.seed, resampled=d.resampled,
                           shuffle_buffer=d.shuffle_buffer, micro_batch_size=self.tcfg.micro_batch_size,
                           token_budget=d.token_budget, length_groups=d.length_groups, max_seq_len=d.max_seq_len,
+                          packing=d.packing, pack_length=d.pack_length, one_row=self.one_row,
                           skip_batches=self.state.batches, keep=source_keep(self.data_sources, d.auto_share))
         return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
 
@@ -236,7 +246,10 @@ class Trainer:
                 self._count_data_errors(batch["data_errors"])
             if not batch["keys"]:
                 continue
-            loss = self.engine.forward(model_inputs(batch, dev, dtype))
+            inputs = model_inputs(batch, dev, dtype)
+            if is_packed(batch):
+                inputs = packed_inputs(self.rope, batch, inputs)
+            loss = self.engine.forward(inputs)
             value = float(loss.detach())
             verdict = REASON_OF[int(all_reduce_max(REASONS[self.guard.judge(value)], dev))]
             if verdict is not None:
@@ -245,6 +258,7 @@ class Trainer:
             self.engine.backward(loss)
             micro_losses.append(value)
             window["tokens"] += float(batch["attention_mask"].sum())
+            window["slots"] += batch["input_ids"].numel()
             window["samples"] += len(batch["keys"])
             window["patches"] += vision_patches(batch)
             step_samples += len(batch["keys"])
@@ -297,10 +311,22 @@ class Trainer:
         every rank calls this); the loss is this step's, all-rank mean, the lr the one this step used."""
         st = self.state
         norm = self.engine.grad_norm()
+        perf = self.monitor.window_metrics(window)
+        self._advise_batching(perf.get("perf/padding_frac"))
         self.callbacks.on_step(st.step, {
             "train/loss": loss, "train/lr": lr, "train/grad_norm": float("nan") if norm is None else norm,
-            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
-            **self.monitor.window_metrics(window)})
+            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf})
+
+    def _advise_batching(self, padding: float | None) -> None:
+        d = self.tcfg.data
+        if padding is None or padding <= PADDING_ADVICE or d.packing or d.length_groups or self._advised:
+            return
+        self._advised = True
+        if self.dist.is_main:
+            log.warning("%.0f%% of the token slots in the last steps were padding (lengths vary): set "
+                        "train.data.token_budget with train.data.length_groups=8, or train.data.packing=true "
+                        "(docs/stages.md, \"Variable lengths\"; `python -m benchmarks.batching` measures both)",
+                        100 * padding)
 
     def _count_data_errors(self, errors: list[tuple[str, str]]) -> None:
         self.state.data_errors += len(errors)

@@ -6,6 +6,7 @@ Every rank measures its own window (`RankWindow`); one all-gather brings all of 
     perf/step_time_s        window wall time / optimizer steps, slowest rank
     perf/tokens_per_s       non-pad tokens (text + video) of all ranks / window time (global)
     perf/samples_per_s      examples of all ranks / window time (global)
+    perf/padding_frac       share of the token slots the model computed that were padding (all ranks)
     perf/data_wait_frac     share of the window spent waiting for the loader, max over ranks
     perf/tflops_per_device  model FLOP/s achieved per device (see `ModelFlops`), mean over ranks
     perf/mfu                perf/tflops_per_device / peak bf16 TFLOP/s of one device (only when the peak is known)
@@ -183,6 +184,8 @@ class RankWindow:
     patches: float
     wait_s: float
     rss_gb: float
+    slots: float = 0.0
+    """Token slots computed (rows x row length of each micro-batch: real tokens + padding)."""
     gpu_util: float | None = None
     mem_allocated_gb: float | None = None
     mem_reserved_gb: float | None = None
@@ -200,6 +203,9 @@ def reduce_windows(windows: list[RankWindow], flops: ModelFlops | None = None,
            "perf/samples_per_s": sum(w.samples for w in windows) / elapsed,
            "perf/data_wait_frac": max(min(1.0, w.wait_s / max(w.elapsed_s, 1e-9)) for w in windows),
            "sys/rss_gb": max(w.rss_gb for w in windows)}
+    slots = sum(w.slots for w in windows)
+    if slots > 0:
+        out["perf/padding_frac"] = max(0.0, 1 - tokens / slots)
     if flops is not None:
         achieved = flops.window(tokens, sum(w.patches for w in windows)) / elapsed / world / 1e12
         out["perf/tflops_per_device"] = achieved
@@ -218,6 +224,7 @@ def reduce_windows(windows: list[RankWindow], flops: ModelFlops | None = None,
 
 
 SUMMARY_MEANS = {"perf/tokens_per_s": "tokens_per_s", "perf/data_wait_frac": "data_wait_frac",
+                 "perf/padding_frac": "padding_frac",
                  "perf/tflops_per_device": "tflops_per_device", "perf/mfu": "mfu",
                  "gpu/util_mean": "gpu_util_mean", "gpu/util_min": "gpu_util_min"}
 """Window metric -> run-summary key, averaged over the run weighted by window time."""
@@ -277,7 +284,7 @@ class PerfMonitor:
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.util is not None:
             self.util.take()  # drop what came before this window
-        return {"steps": 0, "tokens": 0.0, "samples": 0.0, "patches": 0.0, "wait": 0.0,
+        return {"steps": 0, "tokens": 0.0, "samples": 0.0, "patches": 0.0, "wait": 0.0, "slots": 0.0,
                 "start": time.perf_counter()}
 
     def poll(self) -> None:
@@ -292,7 +299,8 @@ class PerfMonitor:
     def rank_window(self, window: dict) -> RankWindow:
         w = RankWindow(elapsed_s=time.perf_counter() - window["start"], steps=window["steps"],
                        tokens=window["tokens"], samples=window["samples"], patches=window.get("patches", 0.0),
-                       wait_s=window["wait"], rss_gb=psutil.Process().memory_info().rss / 2**30)
+                       wait_s=window["wait"], rss_gb=psutil.Process().memory_info().rss / 2**30,
+                       slots=window.get("slots", 0.0))
         if self.gpu:
             w.mem_allocated_gb = torch.cuda.max_memory_allocated(self.device) / 2**30
             w.mem_reserved_gb = torch.cuda.max_memory_reserved(self.device) / 2**30

@@ -164,6 +164,10 @@ class Report:
     without_checkpointing: MemoryOption
     with_checkpointing: MemoryOption
     cpu_offload_gb: float
+    token_budget: int = 0
+    packing: bool = False
+    """`train.data.packing`: a micro-batch's examples share rows; its tokens (at most token_budget) decide its
+    activations as the padded batch's do (sdpa/flash: linear in tokens; eager rows are as long as the longest)."""
     problems: list[str] = field(default_factory=list)
     fix: list[str] = field(default_factory=list)
     """Overrides that make the recipe fit (`key=value`), in the order the problems were found."""
@@ -204,7 +208,9 @@ class Report:
              f"({self.tokenizer_note})"),
             (f"            train.data.max_seq_len {self.max_seq_len:,}: "
              + ("OK" if t.total <= self.max_seq_len else "FAIL") + f" ({self.max_seq_len - t.total:+,} to spare)"),
-            f"  memory    per GPU, micro-batch {self.micro_batch} x {t.total:,} tokens (GiB):",
+            (f"  memory    per GPU, micro-batch {self.micro_batch} x {t.total:,} tokens" + (
+                f" (train.data.token_budget {self.token_budget:,}" + (", packed" if self.packing else "") + ")"
+                if self.token_budget else "") + " (GiB):"),
             (f"            model states {c.model_states_b / GB:.2f} + reserve {c.reserve_b / GB:.2f}"
              + (f"; optimizer/params offloaded to the CPU: {self.cpu_offload_gb:.1f} GiB per node"
                 if self.cpu_offload_gb else "")),
@@ -237,7 +243,8 @@ class Report:
             "finetune": self.finetune, "precision": self.precision, "strategy": self.strategy, "gpus": self.gpus,
             "gpu_mem_gb": self.gpu_mem_gb, "params": self.params, "trainable_params": self.trainable,
             "tokens": {**asdict(self.tokens), "total": self.tokens.total, "max_seq_len": self.max_seq_len},
-            "memory": {"micro_batch": self.micro_batch, "configured": option(self.configured),
+            "memory": {"micro_batch": self.micro_batch, "token_budget": self.token_budget, "packing": self.packing,
+                       "configured": option(self.configured),
                        "without_checkpointing": option(self.without_checkpointing),
                        "with_checkpointing": option(self.with_checkpointing),
                        "cpu_offload_gib_per_node": self.cpu_offload_gb},
@@ -320,6 +327,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
         base=t.model.base, arch_source=source, tokenizer_note=note, finetune=t.model.finetune,
         precision=t.precision, strategy=t.strategy, gpus=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb, params=total,
         trainable=trainable, tokens=tokens, max_seq_len=t.data.max_seq_len, micro_batch=micro,
+        token_budget=t.data.token_budget, packing=t.data.packing,
         configured=configured, without_checkpointing=option(False, *current, micro),
         with_checkpointing=option(True, *current, micro),
         cpu_offload_gb=plan(setup, *current).cpu_b / GB)
@@ -332,9 +340,15 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
             f"{p.frame_size} px) > train.data.max_seq_len={t.data.max_seq_len}: set train.data.max_seq_len={fit}"
             + (f" (or {alt})" if alt else ""))
         report.fix.append(f"train.data.max_seq_len={fit}")
+    if t.data.packing and not arch.family.packable:
+        report.problems.append(f"train.data.packing=true: {arch.family.name} has linear-attention layers, whose "
+                               "examples cannot share a packed row exactly: set train.data.packing=false (length "
+                               "groups under train.data.token_budget cut the padding instead)")
+        report.fix.append("train.data.packing=false")
     limit = t.gpu_mem_gb * GB
     if configured.total_b > limit:
-        found = _memory_fix(option, gc, current, micro, t.grad_accum, limit, fsdp)
+        found = _memory_fix(option, gc, current, micro, t.grad_accum, limit, fsdp,
+                            seq if t.data.token_budget else 0)
         what = (f"one micro-batch ({micro} x {seq:,} tokens) needs {configured.total_b / GB:.1f} GiB per GPU "
                 f"(model states {configured.model_states_b / GB:.1f} + activations "
                 f"{configured.activations.total_b / GB:.1f} + reserve {RESERVE_GB:g}) > "
@@ -369,9 +383,10 @@ _ZERO_LADDER = [(0, False, False), (1, False, False), (2, False, False), (3, Fal
 
 
 def _memory_fix(option, gc: bool, current: tuple[int, bool, bool], micro: int, accum: int, limit: float,
-                fsdp: bool) -> tuple[list[str], MemoryOption] | None:
+                fsdp: bool, budget_seq: int = 0) -> tuple[list[str], MemoryOption] | None:
     """The cheapest change that fits: fewest offloads, then fewest levers (checkpointing < ZeRO stage <
-    micro-batch), then the smallest step on each. A smaller micro-batch keeps the global batch (grad_accum)."""
+    micro-batch), then the smallest step on each. A smaller micro-batch keeps the global batch (grad_accum); under
+    a token budget (`budget_seq`: the longest example's tokens) the budget shrinks with it."""
     stage0, off_opt0, off_param0 = current
     ladder = [current] if fsdp else [z for z in _ZERO_LADDER if z[0] >= stage0 and z[1] >= off_opt0
                                      and z[2] >= off_param0]
@@ -403,6 +418,8 @@ def _memory_fix(option, gc: bool, current: tuple[int, bool, bool], micro: int, a
         overrides.append("train.offload_param=true")
     if m != micro:
         overrides += [f"train.micro_batch_size={m}", f"train.grad_accum={per_rank // m}"]
+        if budget_seq:
+            overrides.append(f"train.data.token_budget={m * budget_seq}")
     return overrides, o
 
 

@@ -13,6 +13,25 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().paren
 from train_fixtures import write_fixture_shards
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """Each family's tiny model (trainable, fp32, seed 0) and tokenizer, loaded once per module: `tiny("qwen3_vl")`."""
+    import torch
+
+    from vtg.model.modeling import load_model_and_tokenizer
+
+    cache: dict = {}
+
+    def get(family: str):
+        if family not in cache:
+            torch.manual_seed(0)
+            cache[family] = load_model_and_tokenizer("tiny" if family == "qwen2_5_vl" else f"tiny-{family}",
+                                                     dtype=torch.float32, trainable=True)
+        return cache[family]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     from vtg.model.tiny import build_tiny_model

@@ -20,22 +20,6 @@ CASES = [("qwen2_5_vl", "native"), ("qwen2_5_vl", "text"), ("qwen3_vl", "native"
 """Each family's tiny model; Qwen2.5-VL also with text timestamps (one grid row per temporal patch)."""
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from vtg.model.modeling import load_model_and_tokenizer
-
-    cache: dict = {}
-
-    def get(family: str):
-        if family not in cache:
-            torch.manual_seed(0)
-            cache[family] = load_model_and_tokenizer("tiny" if family == "qwen2_5_vl" else f"tiny-{family}",
-                                                     dtype=torch.float32, trainable=True)
-        return cache[family]
-
-    return get
-
-
 def _prompts(tok, model, mode: str) -> list[dict]:
     """3 queries on 3 different videos (the last one longer), each prompt repeated G times as the rollout does
     (the same encoded dict: `training.rl.rollout.encode_prompts`)."""

@@ -101,7 +101,9 @@ def test_checkpointing_is_the_first_fix_when_it_suffices():
     assert "train.model.gradient_checkpointing=true" in report.message()
     # Already checkpointing and still too big: the next lever is a smaller micro-batch at the same global batch.
     small = preflight(_cfg("qwen25vl_3b_lora_1gpu", "train.gpu_mem_gb=16"))
-    assert small.fix == ["train.micro_batch_size=1", "train.grad_accum=16"], small.message()
+    # The recipe packs under a token budget (2 x the longest example): the budget shrinks with the micro-batch.
+    assert small.fix == ["train.micro_batch_size=1", "train.grad_accum=16", "train.data.token_budget=2487"], \
+        small.message()
     assert preflight(_cfg("qwen25vl_3b_lora_1gpu", "train.gpu_mem_gb=16", *small.fix)).ok
 
 

@@ -39,7 +39,18 @@ class DataConfig(Section):
     resampled: bool = True
     """Repeat the shard list forever, reshuffled each epoch (multi-epoch; `max_steps` ends the run)."""
     token_budget: int = Field(0, ge=0)
-    """Max padded tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size); 0: off."""
+    """Max tokens per micro-batch (short sequences in bigger batches, up to micro_batch_size): padded tokens
+    (examples x the longest), or with `packing` the examples' own tokens; 0: off."""
+    packing: bool = False
+    """Lay a micro-batch's examples end to end in rows instead of padding each to the longest (`vtg/model/packing.py`):
+    each keeps its own positions (the family's rope and time positions) and attends only to itself, so loss and
+    gradients equal the padded batch's (fp32 tolerance). Needs `token_budget` (a micro-batch's tokens; at most
+    `micro_batch_size` examples); `length_groups` micro-batches' worth are packed together (first fit decreasing),
+    0: one at a time in stream order. One row per micro-batch with flash-attn (varlen); with sdpa/eager rows as long
+    as the pool's longest example (or `pack_length`). Not for Qwen3.5 (linear-attention layers)."""
+    pack_length: int = Field(0, ge=0)
+    """`packing` with sdpa/eager: the shortest row in tokens (0: the pool's longest example). Longer rows hold more
+    short examples but cost more masked attention (row length squared)."""
     length_groups: int = Field(0, ge=0)
     """Batch examples of similar length: sort each `length_groups` x `micro_batch_size` shuffled examples by length,
     cut them into batches (under `token_budget`), shuffle the batches. Removes most padding where lengths vary
@@ -59,6 +70,13 @@ class DataConfig(Section):
     Recorded in the export's tokenizer config."""
     sanity_examples: int = Field(32, ge=1)
     """Examples checked before step 1 (answer mask, labels, lengths)."""
+
+    @model_validator(mode="after")
+    def _check_packing(self):
+        if self.packing and not self.token_budget:
+            raise ValueError("data.packing=true needs data.token_budget > 0: the tokens one micro-batch packs "
+                             "(e.g. micro_batch_size x a typical example's length)")
+        return self
 
 
 class GuardConfig(Section):

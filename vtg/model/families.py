@@ -52,6 +52,9 @@ class Family:
     pixel bounds hold for the whole clip (t x h x w), as `Qwen3VLVideoProcessor.resize` applies them."""
     sampling: dict = field(default_factory=dict, repr=False)
     """The family's frame-sampling policy (fps, min_frames, max_frames) where its processor states one."""
+    packable: bool = True
+    """Whether packed rows are exact (`vtg.model.packing`): every text layer is attention. Qwen3.5's Gated DeltaNet
+    layers carry state along the row on the torch path, so its examples cannot share one."""
 
     def config_cls(self):
         import transformers
@@ -122,7 +125,7 @@ QWEN3_5 = Family(
     lora_text=("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj", "gate_proj",
                "up_proj", "down_proj"),
     lora_vision=("qkv", "proj"), blocks=("DecoderLayer", "VisionBlock"),
-    sampling={"fps": 2.0, "min_frames": 4, "max_frames": 768},
+    sampling={"fps": 2.0, "min_frames": 4, "max_frames": 768}, packable=False,
 )
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (QWEN2_5_VL, QWEN3_VL, QWEN3_5)}

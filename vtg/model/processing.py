@@ -230,6 +230,26 @@ def encode_prompt(tokenizer, query: str, block: str, position: str = "after",
     return ids(before) + query_ids(tokenizer, query) + ids(after)
 
 
+def video_grid(num_frames: int, height: int, width: int, vision: VisionParams) -> torch.Tensor:
+    """`video_grid_thw` ([1, 3]) that `patchify_video` gives `num_frames` frames of height x width, without pixels."""
+    h, w = frame_size_for(num_frames, height, width, vision)
+    return torch.tensor([[-(-num_frames // vision.temporal_patch_size), h // vision.patch_size, w // vision.patch_size]])
+
+
+def example_ids(tokenizer, grid: torch.Tensor, timestamps: Sequence[float], query: str, answer: str | None,
+                vision: VisionParams, timestamps_mode: str | None = None
+                ) -> tuple[list[int], list[int], torch.Tensor, int]:
+    """An example's token ids without its pixels: (prompt ids, answer ids + eos, grid rows, rope groups). The one
+    home of the text side of `encode_example`, so the loader counts an example's tokens exactly before decoding."""
+    block, grid_rows, groups = video_block(vision_tokens(tokenizer), grid, timestamps, vision,
+                                           timestamp_mode(tokenizer, timestamps_mode))
+    prompt_ids = encode_prompt(tokenizer, query, block, query_position(tokenizer))
+    answer_ids: list[int] = []
+    if answer is not None:
+        answer_ids = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    return prompt_ids, answer_ids, grid_rows, groups
+
+
 def encode_example(
     tokenizer,
     frames: np.ndarray,
@@ -254,14 +274,9 @@ def encode_example(
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
     pixels, grid = patchify_video(frames, vision)
     n_video_tokens = int(grid.prod()) // (vision.merge_size ** 2)
-    block_tokens = vision_tokens(tokenizer)
-    block, grid_rows, groups = video_block(block_tokens, grid, timestamps, vision,
-                                            timestamp_mode(tokenizer, timestamps_mode))
-    prompt_ids = encode_prompt(tokenizer, query, block, query_position(tokenizer))
-    video_token = block_tokens[1]
-    answer_ids: list[int] = []
-    if answer is not None:
-        answer_ids = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    prompt_ids, answer_ids, grid_rows, groups = example_ids(tokenizer, grid, timestamps, query, answer, vision,
+                                                            timestamps_mode)
+    video_token = vision_tokens(tokenizer)[1]
     ids = prompt_ids + answer_ids
     if max_length is not None and len(ids) > max_length:
         raise ValueError(f"{key}: example is {len(ids)} tokens > max_length {max_length}; the answer would be "
