@@ -171,6 +171,10 @@ def test_the_loop_trains_the_same_steps_packed_as_padded(varied, tmp_path):
     np.testing.assert_allclose(packed["losses"], padded["losses"], rtol=1e-4)
     assert padded["losses"][0] != padded["losses"][-1]
     assert padded["padding_frac"] > 0.05 and packed["padding_frac"] < padded["padding_frac"]
+    from training.callbacks.console import perf_line
+    from training.metrics import summary_as_metrics
+
+    assert f"padding {padded['padding_frac']:.0%}" in perf_line(summary_as_metrics(padded))
 
 
 def test_a_run_with_much_padding_is_told_how_to_batch(caplog):

@@ -129,9 +129,11 @@ class RLConsole(ProgressConsole):
 
 
 def perf_line(m: dict[str, float]) -> str:
-    """The infrastructure metrics (keys as logged) in words: tokens/s and data wait always; TFLOP/s, MFU, GPU
-    utilisation and memory when measured."""
+    """The infrastructure metrics (keys as logged) in words: tokens/s and data wait always; padding, TFLOP/s, MFU,
+    GPU utilisation and memory when measured."""
     parts = [f"{m['perf/tokens_per_s']:.0f} tokens/s", f"data wait {m['perf/data_wait_frac']:.0%}"]
+    if "perf/padding_frac" in m:
+        parts.append(f"padding {m['perf/padding_frac']:.0%}")
     if "perf/tflops_per_device" in m:
         parts.append(f"{m['perf/tflops_per_device']:.3g} TFLOP/s per device")
     if "perf/mfu" in m:
