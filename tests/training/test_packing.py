@@ -18,14 +18,12 @@ from training.loop import train
 from vtg import shards
 from vtg.errors import VTGError
 from vtg.model.packing import (
-    IGNORE_INDEX,
     check_packable,
     first_fit_rows,
     pack,
     packed_inputs,
     rope_owner,
 )
-from vtg.model.processing import IGNORE_INDEX as PROCESSING_IGNORE
 from vtg.model.processing import VisionParams, answer_text, collate, encode_example, model_inputs
 
 CASES = [("qwen2_5_vl", "native"), ("qwen2_5_vl", "text"), ("qwen3_vl", "native")]
@@ -49,10 +47,6 @@ def _loss_and_grads(model, inputs: dict) -> tuple[float, dict]:
     loss = model(**inputs).loss
     loss.backward()
     return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def test_one_ignore_index():
-    assert IGNORE_INDEX == PROCESSING_IGNORE
 
 
 def test_first_fit_rows_place_every_example_once_within_the_capacity():

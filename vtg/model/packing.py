@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 
 from vtg.errors import VTGError
+from vtg.model.processing import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 PACKED = "pack_segments"
 """Batch key of a packed batch: one (row, start, length) per example, in example order."""
 
