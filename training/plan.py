@@ -357,11 +357,44 @@ def trainable_params(arch: Arch, finetune: str, lora_r: int = 16, freeze_vision:
     return float(lora)
 
 
-def render(s: Setup, min_activation_gb: float) -> str:
+@dataclass(frozen=True)
+class ActivationNeed:
+    """What one micro-batch of the experiment needs for activations per GPU (training.preflight's count)."""
+
+    gb: float
+    micro_batch: int
+    seq: int
+    """Tokens of the experiment's longest example."""
+    token_budget: int
+    packing: bool
+    checkpointing: bool
+
+    def describe(self) -> str:
+        budget = (f", train.data.token_budget {self.token_budget:,}" + (" packed" if self.packing else "")
+                  if self.token_budget else "")
+        return (f"activations {self.gb:.2f} GiB per GPU: micro-batch {self.micro_batch} x {self.seq:,} tokens"
+                f"{budget}, gradient checkpointing {'on' if self.checkpointing else 'off'} (training.preflight's "
+                "count)")
+
+    def fitting(self, s: Setup) -> tuple[int, Plan] | None:
+        """The largest micro-batch (its activations are linear in it) some option leaves room for, and the option."""
+        for m in range(self.micro_batch - 1, 0, -1):
+            if (best := recommend(s, self.gb * m / self.micro_batch)) is not None:
+                return m, best
+        return None
+
+
+def _option_name(p: Plan) -> str:
+    off = " with parameter + optimizer offload" if p.offload_param else (
+        " with optimizer offload" if p.offload_optimizer else "")
+    return f"ZeRO-{p.stage}{off}"
+
+
+def render(s: Setup, min_activation_gb: float, need: ActivationNeed | None = None) -> str:
     best = recommend(s, min_activation_gb)
     lines = [(f"model {s.params / 1e9:.3g}B params (largest layer {s.largest_layer / 1e6:.3g}M), "
               f"{s.precision}, trainable {s.trainable_frac:.0%}; {s.nodes} node(s) x {s.gpus_per_node} GPU(s) "
-              f"x {s.gpu_mem_gb:g} GiB"), "",
+              f"x {s.gpu_mem_gb:g} GiB"), *([need.describe()] if need else []), "",
              (f"{'ZeRO':<6}{'offload':<11}{'params':>9}{'grads':>9}{'optim':>9}{'buffer':>9}{'states':>9}"
               f"{'DS est.':>9}{'act.budget':>12}{'CPU/node':>10}  (GiB per GPU)")]
     for stage in range(4):
@@ -380,46 +413,90 @@ def render(s: Setup, min_activation_gb: float) -> str:
                          f"{p.cpu_b / GB:10.2f}{mark}")
     lines.append("")
     if best is None:
-        lines.append(f"no option leaves {min_activation_gb:g} GiB for activations: add GPUs, use LoRA, or a "
+        lines.append(f"no option leaves {min_activation_gb:.3g} GiB for activations: add GPUs, use LoRA, or a "
                      "smaller model")
+        if need is not None and (fit := need.fitting(s)) is not None:
+            m, option = fit
+            budget = f" train.data.token_budget={m * need.seq}" if need.token_budget else ""
+            lines.append(f"or a smaller micro-batch: train.micro_batch_size={m}{budget} leaves room with "
+                         f"{_option_name(option)} (raise train.grad_accum to keep the global batch; "
+                         "`python -m training.preflight` checks the whole recipe)")
     else:
-        off = " with optimizer offload" if best.offload_optimizer else ""
-        off = " with parameter + optimizer offload" if best.offload_param else off
-        lines.append(f"recommended: ZeRO-{best.stage}{off} (first option, in order of communication cost, that "
-                     f"leaves >= {min_activation_gb:g} GiB per GPU for activations)")
+        lines.append(f"recommended: {_option_name(best)} (first option, in order of communication cost, that "
+                     f"leaves >= {min_activation_gb:.3g} GiB per GPU for activations)")
     lines.append("DS est. = DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (same accounting).")
     return "\n".join(lines)
 
 
+def activation_need(cfg) -> tuple[ActivationNeed, object] | None:
+    """The experiment's activations per GPU and its pre-flight report, or None when nothing here knows its
+    architecture (then the planner falls back to --min-activation-gb's default)."""
+    from training.preflight import UnknownArchitecture, preflight
+
+    try:
+        report = preflight(cfg)
+    except UnknownArchitecture:
+        return None
+    c = report.configured
+    return ActivationNeed(c.activations.total_b / GB, report.micro_batch, report.tokens.total, report.token_budget,
+                          report.packing, c.gradient_checkpointing), report
+
+
+DEFAULT_MIN_ACTIVATION_GB = 8.0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m training.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="With an experiment (or params.yaml) whose architecture is known, the size, trainable share and the "
+               "activations the recommendation must leave come from training.preflight's count of its longest "
+               "micro-batch (train.micro_batch_size, or fewer under train.data.token_budget). Overrides are dotted "
+               "keys, e.g. train.data.token_budget=8192 train.model.gradient_checkpointing=true.")
     parser.add_argument("--params", type=float, help="total parameters (e.g. 7e9); default: from the config")
     parser.add_argument("--largest-layer", type=float, help="parameters of the largest layer (ZeRO-3 buffer)")
     parser.add_argument("--gpus", type=int, help="GPUs per node (default: train.num_gpus)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
-    parser.add_argument("--gpu-mem", type=float, default=80.0, help="GiB per GPU (default: %(default)s)")
+    parser.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU (default: train.gpu_mem_gb)")
     parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default: train.precision")
     parser.add_argument("--trainable-frac", type=float,
-                        help="fraction of parameters trained (LoRA ~0.01; default 1, or 0.01 for finetune=lora)")
-    parser.add_argument("--min-activation-gb", type=float, default=8.0,
-                        help="activation memory a recommendation must leave per GPU (default: %(default)s)")
+                        help="fraction of parameters trained (default: counted from the architecture and "
+                             "train.model.finetune; without one, 1, or 0.01 for finetune=lora)")
+    parser.add_argument("--min-activation-gb", type=float, default=None,
+                        help="activation memory a recommendation must leave per GPU (default: the experiment's "
+                             f"micro-batch as the pre-flight counts it; {DEFAULT_MIN_ACTIVATION_GB:g} when its "
+                             "architecture is unknown or --params plans another size)")
     parser.add_argument("--params-file", dest="params_file", default="params.yaml", help="config params file")
     parser.add_argument("--experiment", "-e", default=None, help="experiment whose train section to plan")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     args = parser.parse_args(argv)
     from vtg.config import load_config
 
-    tcfg = load_config(args.params_file, args.experiment).train
+    cfg = load_config(args.params_file, args.experiment, args.overrides)
+    tcfg = cfg.train
+    found = None if args.params or (args.min_activation_gb is not None and args.trainable_frac is not None) \
+        else activation_need(cfg)
+    need, report = found if found else (None, None)
     if args.params:
         total, largest = args.params, args.largest_layer or 0.05 * args.params
+    elif report is not None:
+        total, largest = report.params, args.largest_layer or model_size(tcfg.model.base)[1]
     else:
         total, largest = model_size(tcfg.model.base)
         largest = args.largest_layer or largest
-    frac = args.trainable_frac if args.trainable_frac is not None else (
-        0.01 if tcfg.model.finetune == "lora" else 1.0)
+    if args.trainable_frac is not None:
+        frac = args.trainable_frac
+    elif report is not None:
+        frac = report.trainable / report.params
+    else:
+        frac = 0.01 if tcfg.model.finetune == "lora" else 1.0
     setup = Setup(params=total, largest_layer=largest, gpus_per_node=args.gpus or tcfg.num_gpus, nodes=args.nodes,
-                  gpu_mem_gb=args.gpu_mem, precision=args.precision or tcfg.precision, trainable_frac=frac)
-    print(render(setup, args.min_activation_gb))
+                  gpu_mem_gb=args.gpu_mem or tcfg.gpu_mem_gb, precision=args.precision or tcfg.precision,
+                  trainable_frac=frac)
+    if args.min_activation_gb is not None:
+        need_gb, need = args.min_activation_gb, None
+    else:
+        need_gb = need.gb if need is not None else DEFAULT_MIN_ACTIVATION_GB
+    print(render(setup, need_gb, need))
     return 0
 
 

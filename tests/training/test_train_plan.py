@@ -4,7 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from training.plan import GB, Arch, Setup, activation_bytes, main, plan, recommend
+from training.plan import (
+    GB,
+    Arch,
+    Setup,
+    activation_bytes,
+    activation_need,
+    main,
+    model_size,
+    plan,
+    recommend,
+)
 
 
 @pytest.mark.parametrize("params", [1.3e9, 7e9, 70e9])
@@ -52,6 +62,34 @@ def test_cli_plans_a_shipped_experiment(capsys):
     out = capsys.readouterr().out
     assert "8 GPU(s)" in out and "recommended: ZeRO-2" in out
     assert main(["--params", "1e6", "--gpus", "1", "--precision", "fp32"]) == 0
+
+
+def test_the_plan_leaves_room_for_the_experiment_s_token_budget(capsys):
+    """With an experiment, the activations a recommendation must leave are the pre-flight's count of its micro-batch
+    under its token budget; a budget no option holds gets the largest micro-batch (and budget) that fits."""
+    from training.preflight import preflight
+    from vtg.config import load_config
+
+    cfg = load_config("params.yaml", "qwen25vl_3b_lora_1gpu")
+    need, report = activation_need(cfg)
+    assert need.token_budget == cfg.train.data.token_budget and need.packing == cfg.train.data.packing
+    assert need.gb * GB == pytest.approx(preflight(cfg).configured.activations.total_b)
+    assert need.micro_batch == cfg.train.data.token_budget // report.tokens.total
+    assert main(["-e", "qwen25vl_3b_lora_1gpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"activations {need.gb:.2f} GiB" in out and f"leaves >= {need.gb:.3g} GiB" in out
+
+    big = ["train.data.token_budget=40960", "train.micro_batch_size=16"]
+    wide, _ = activation_need(load_config("params.yaml", "qwen25vl_3b_lora_1gpu", big))
+    assert wide.micro_batch == 16 and wide.gb == pytest.approx(need.gb * 16 / need.micro_batch, rel=0.01)
+    assert main(["-e", "qwen25vl_3b_lora_1gpu", *big]) == 0
+    out = capsys.readouterr().out
+    assert "no option leaves" in out
+    m = int(out.split("train.micro_batch_size=")[1].split()[0])
+    assert f"train.data.token_budget={m * wide.seq}" in out
+    setup = Setup(params=report.params, largest_layer=model_size(cfg.train.model.base)[1], gpu_mem_gb=cfg.train.gpu_mem_gb,
+                  trainable_frac=report.trainable / report.params)
+    assert recommend(setup, wide.gb * m / 16) is not None and recommend(setup, wide.gb * (m + 1) / 16) is None
 
 
 def test_param_counts_from_the_architecture_alone(tiny_model_dir):
