@@ -3,10 +3,15 @@
 1. rollout tokens/s of the RL loop (prompt encoding, sampling B x G answers with the policy's `generate` through
    the engine, reward parsing) vs a plain `model.generate` loop over the same prompts (already collated, same
    sampling settings, same model): the ratio is the rollout's overhead (prompt encoding, rewards, the engine)
+   [target >= 1.0x: one vision pass per video makes up for the rest]
 2. the split of one RL step: rollout seconds vs update seconds (teacher-forced forward + backward + ZeRO step),
-   and the whole step vs the plain generate of the same batch.
+   and the whole step vs the plain generate of the same batch; seconds per phase (`training.rl.outputs.PHASES`)
+   and the padding shares of the prefill and the update.
 
-    python -m benchmarks.rl [--steps 12] [--sft-steps 60] [--checkpoint DIR --shards DIR] [--json PATH]
+Each of `--repeats` rounds runs `--steps` RL steps, then the plain loop over the same steps' prompts; the ratios
+are the median over rounds (the first round's first 2 steps warm up when it has more than 4).
+
+    python -m benchmarks.rl [--steps 12] [--repeats 3] [--sft-steps 60] [--checkpoint DIR --shards DIR] [--json PATH]
 
 Without `--checkpoint` it builds synthetic shards and a short SFT (`--sft-steps` of the tiny model) in a temp
 folder; pass a real SFT checkpoint (e.g. `checkpoints/sft/step-001500` after `make run`) and its shards to measure
@@ -50,8 +55,8 @@ def build(tmp: Path, checkpoint: str | None, steps: int, shards: str | None, sft
     return cfg
 
 
-def plain_generate(trainer, steps: int) -> dict:
-    """The baseline: the same prompts, collated once, sampled with `model.generate` directly."""
+def plain_generate(trainer, steps: range) -> dict:
+    """The baseline: the same prompts as RL `steps`, collated once, sampled with `model.generate` directly."""
     import torch
 
     from training.rl.loop import step_queries
@@ -60,7 +65,7 @@ def plain_generate(trainer, steps: int) -> dict:
 
     r, model, tok = trainer.rcfg, trainer.engine.module, trainer.tokenizer
     batches = []
-    for s in range(steps):
+    for s in steps:
         ids = step_queries(len(trainer.state.pool), s, r.queries_per_step, r.seed)
         exs = [trainer.by_key[trainer.state.pool[i]] for i in ids]
         b = model_inputs(collate(encode_prompts(tok, exs, r.group_size, trainer.vision), pad_id(tok), "left"))
@@ -86,7 +91,8 @@ def plain_generate(trainer, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=12, help="RL steps measured (the first 2 warm up when > 4)")
+    ap.add_argument("--steps", type=int, default=12, help="RL steps measured per round")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (RL steps, then the plain loop); median ratios")
     ap.add_argument("--sft-steps", type=int, default=60, help="steps of the SFT built without --checkpoint")
     ap.add_argument("--checkpoint", default=None, help="an SFT checkpoint to start from (default: build one)")
     ap.add_argument("--shards", default=None, help="shard root of the checkpoint's data (with --checkpoint)")
@@ -96,41 +102,57 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = Run.start()
     from training.rl.loop import GRPOTrainer
+    from training.rl.outputs import PHASES
 
+    rounds = []
     with tempfile.TemporaryDirectory() as d:
-        cfg = build(Path(d), args.checkpoint, args.steps, args.shards, args.sft_steps)
+        cfg = build(Path(d), args.checkpoint, args.steps * args.repeats, args.shards, args.sft_steps)
         trainer = GRPOTrainer(cfg, callbacks=[])
         try:
-            rows = [trainer.train_step() for _ in range(args.steps)]
-            base = plain_generate(trainer, args.steps)
+            for k in range(args.repeats):
+                first = trainer.state.step
+                rows = [trainer.train_step() for _ in range(args.steps)]
+                base = plain_generate(trainer, range(first, first + args.steps))
+                skip = 2 if k == 0 and len(rows) > 4 else 0  # the first steps warm allocators up
+                rounds.append(_round(rows[skip:], base["seconds"][skip:], base["tokens"][skip:]))
         finally:
             trainer.release_lock()
-    skip = 2 if len(rows) > 4 else 0  # the first steps warm allocators up
-    warm = rows[skip:]
-    roll = sum(r["rollout_s"] for r in warm)
-    upd = sum(r["update_s"] for r in warm)
-    rl_tokens = sum(r["gen_tokens"] for r in warm)
-    gen_s, gen_tokens = sum(base["seconds"][skip:]), sum(base["tokens"][skip:])
-    gen_tokens_ratio = gen_tokens / max(rl_tokens, 1)
-    res = {
-        "steps_measured": len(warm), "rl_rollout_tokens_per_s": rl_tokens / roll,
-        "plain_generate_tokens_per_s": gen_tokens / gen_s,
-        "rollout_s_per_step": statistics.mean(r["rollout_s"] for r in warm),
-        "update_s_per_step": statistics.mean(r["update_s"] for r in warm),
-        "plain_generate_s_per_step": gen_s / len(warm),
-    }
-    res["note"] = (f"plain generate sampled {gen_tokens_ratio:.2f}x the RL rollout's answer tokens (same prompts, "
-                   "other random draws)")
-    ratios = {"rollout_tokens_per_s_vs_plain": res["rl_rollout_tokens_per_s"] / res["plain_generate_tokens_per_s"],
-              "rollout_share_of_step": roll / (roll + upd), "step_vs_plain_generate": (roll + upd) / gen_s}
+    ratios = {k: statistics.median(r[k] for r in rounds)
+              for k in ("rollout_tokens_per_s_vs_plain", "rollout_share_of_step", "step_vs_plain_generate")}
+    res = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k not in ratios and k != "rows"}
+    rows = [row for r in rounds for row in r["rows"]]
+    phases = {p: statistics.mean(v) for p in PHASES if (v := [r[p] for r in rows if r[p] == r[p]])}
+    res.update(phases_s_per_step=phases, rounds=[{k: v for k, v in r.items() if k != "rows"} for r in rounds],
+               prefill_padding_frac=statistics.mean(r["prefill_padding_frac"] for r in rows),
+               update_padding_frac=statistics.mean(r["update_padding_frac"] for r in rows))
+    per_round = " / ".join(f"{r['rollout_tokens_per_s_vs_plain']:.2f}" for r in rounds)
     print(f"rollout tokens/s: RL {res['rl_rollout_tokens_per_s']:.0f} vs plain generate "
-          f"{res['plain_generate_tokens_per_s']:.0f} -> {ratios['rollout_tokens_per_s_vs_plain']:.2f}x")
+          f"{res['plain_generate_tokens_per_s']:.0f} -> {ratios['rollout_tokens_per_s_vs_plain']:.2f}x, median of "
+          f"{len(rounds)} rounds ({per_round}) [target >= 1.0x]")
     print(f"one RL step: rollout {res['rollout_s_per_step']:.3f} s + update {res['update_s_per_step']:.3f} s "
           f"(rollout {ratios['rollout_share_of_step']:.0%} of the step) = {ratios['step_vs_plain_generate']:.2f}x a "
           f"plain generate of the same batch ({res['plain_generate_s_per_step']:.3f} s)")
+    print("per phase (s/step): " + ", ".join(f"{p} {v:.3f}" for p, v in phases.items())
+          + f"; padding: prefill {res['prefill_padding_frac']:.1%}, update {res['update_padding_frac']:.1%}")
     run.write(args.json, "rl", ratios=ratios, figures={
-        "steps": args.steps, "checkpoint": args.checkpoint or f"built: {args.sft_steps} SFT steps, tiny model", **res})
+        "steps": args.steps, "repeats": args.repeats,
+        "checkpoint": args.checkpoint or f"built: {args.sft_steps} SFT steps, tiny model", **res})
     return 0
+
+
+def _round(rows: list[dict], gen_seconds: list[float], gen_token_counts: list[int]) -> dict:
+    """One round's figures: the RL steps' rollout and update against the plain loop over the same prompts."""
+    roll = sum(r["rollout_s"] for r in rows)
+    upd = sum(r["update_s"] for r in rows)
+    rl_tokens = sum(r["gen_tokens"] for r in rows)
+    gen_s, gen_tokens = sum(gen_seconds), sum(gen_token_counts)
+    return {"rl_rollout_tokens_per_s": rl_tokens / roll, "plain_generate_tokens_per_s": gen_tokens / gen_s,
+            "rollout_s_per_step": roll / len(rows), "update_s_per_step": upd / len(rows),
+            "plain_generate_s_per_step": gen_s / len(rows),
+            "plain_vs_rl_answer_tokens": gen_tokens / max(rl_tokens, 1),
+            "rollout_tokens_per_s_vs_plain": (rl_tokens / roll) / (gen_tokens / gen_s),
+            "rollout_share_of_step": roll / (roll + upd), "step_vs_plain_generate": (roll + upd) / gen_s,
+            "rows": rows}
 
 
 if __name__ == "__main__":

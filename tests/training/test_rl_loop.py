@@ -135,6 +135,7 @@ def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
     ha, hb = _history(a / "rlrep"), _history(b / "rlrep")
     assert [int(r["step"]) for r in ha] == [1, 2, 3, 4]
     assert_same_steps(ha, hb, kl_every=1)  # rl.kl_every=1 (`_cfg`): kl measured, so finite, on every step
+    assert all(0 <= float(r[k]) < 1 for r in ha for k in ("prefill_padding_frac", "update_padding_frac"))
     assert any(float(r["reward_std"]) > 0 for r in ha)  # a real signal, not all-zero rewards
     wa = load_file(checkpoints.export_dir(a / "rl" / "step-000004") / "model.safetensors")
     wb = load_file(checkpoints.export_dir(b / "rl" / "step-000004") / "model.safetensors")

@@ -200,3 +200,27 @@ def test_sample_shares_and_the_batch_layout(tiny):
         wrong = collate(encoded[:G], 0, "left", share_videos=True)["video_share"]
         with shared_video_features(model, wrong):
             model(**_batch(shared))
+
+
+@pytest.mark.parametrize("chunk", [G, 2 * G, 3 * G])
+def test_padding_slots_count_the_batches_the_model_computes(tiny, chunk):
+    """`padding_slots` counts what the rollout's prefill and each teacher-forced micro-batch really hold: slots =
+    the collated batch's size, real tokens = its attention mask's ones; a micro-batch inside a group pads no
+    prompt, and one across groups of different prompt lengths does."""
+    from training.rl.rollout import padding_slots
+
+    model, tok = tiny("qwen2_5_vl")
+    encoded = _prompts(tok, model, "native")
+    roll = _rollout(tok, model, encoded)
+    chunks = [slice(i, min(i + chunk, len(encoded))) for i in range(0, len(encoded), chunk)]
+    pad = padding_slots(roll, chunks)
+    prefill = collate(encoded, 0, "left")["attention_mask"]
+    assert (pad["prefill_slots"], pad["prefill_real"]) == (prefill.numel(), prefill.sum().item())
+    slots = real = 0
+    for rows in chunks:  # the layout teacher_forced_logits builds: the left-padded prompts, then the completions
+        mask = torch.cat([collate(encoded[rows], 0, "left")["attention_mask"], roll.mask[rows]], dim=1)
+        slots, real = slots + mask.numel(), real + mask.sum().item()
+    assert (pad["update_slots"], pad["update_real"]) == (slots, real)
+    prompt_pad = pad["update_slots"] - pad["update_real"] - (roll.mask == 0).sum().item()
+    # the first two prompts are as long as each other, the third is longer: only a batch holding it and another pads
+    assert (prompt_pad > 0) == (chunk == 3 * G)

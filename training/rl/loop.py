@@ -40,7 +40,14 @@ from training.lifecycle import RunLifecycle
 from training.rl import algo
 from training.rl.outputs import STAGE, STEP_METRICS, run_summary, write_outputs
 from training.rl.phases import PhaseClock
-from training.rl.rollout import Rollout, encode_prompts, sample, teacher_forced_logits, vision_token_ids
+from training.rl.rollout import (
+    Rollout,
+    encode_prompts,
+    padding_slots,
+    sample,
+    teacher_forced_logits,
+    vision_token_ids,
+)
 from training.rl.start import (
     difficulty_filter,
     load_train_queries,
@@ -245,16 +252,19 @@ class GRPOTrainer:
         measure_kl = r.kl_beta > 0 or (r.kl_every > 0 and (st.step + 1) % r.kl_every == 0)
         upd = self._update(roll, advantages, measure_kl, clock)
         t2 = time.perf_counter()
+        pad = padding_slots(roll, self._chunks(len(roll.encoded)))
         sums = all_reduce_sum([stats["reward_sum"], stats["reward_sq"], stats["iou_sum"], stats["unparsed"],
                                stats["n"], upd["kl_sum"], upd["ent_sum"], upd["clip_sum"], upd["tok"], flat,
-                               upd["loss"], stats["tokens"]], self.device)
-        rs, rsq, iou, unparsed, n, kl, ent, clip, tok, flat_all, loss, gen_tokens = sums
+                               upd["loss"], stats["tokens"], pad["prefill_slots"], pad["prefill_real"],
+                               pad["update_slots"], pad["update_real"]], self.device)
+        rs, rsq, iou, unparsed, n, kl, ent, clip, tok, flat_all, loss, gen_tokens, pslots, preal, uslots, ureal = sums
         mean = rs / n
         row = {"reward_mean": mean, "reward_std": math.sqrt(max(rsq / n - mean ** 2, 0.0)), "iou_mean": iou / n,
                "parse_failure_rate": unparsed / n, "kl": kl / tok if measure_kl else float("nan"),
                "entropy": ent / tok, "clip_frac": clip / tok, "zero_advantage_groups": flat_all,
                "rollout_s": all_reduce_max(t1 - t0, self.device), "update_s": all_reduce_max(t2 - t1, self.device),
-               **{k: all_reduce_max(v, self.device) for k, v in clock.row().items()}}
+               **{k: all_reduce_max(v, self.device) for k, v in clock.row().items()},
+               "prefill_padding_frac": 1 - preal / pslots, "update_padding_frac": 1 - ureal / uslots}
         st.step += 1
         st.history.append({"step": st.step, **row})
         self._warn(row)

@@ -22,8 +22,11 @@ backward and step (summed over micro-batches and `rl.updates_per_rollout`); `ref
 forward (steps that use or measure KL); `old_s` the policy's no-grad forward for the ratio's old log-probs
 (`rl.updates_per_rollout` > 1)."""
 STEP_METRICS = ("reward_mean", "reward_std", "iou_mean", "parse_failure_rate", "kl", "entropy", "clip_frac",
-                "zero_advantage_groups", "rollout_s", "update_s", *PHASES)
-"""Per-step metrics (`rl/<name>` in the tracker; columns of the steps CSV after `step`)."""
+                "zero_advantage_groups", "rollout_s", "update_s", *PHASES, "prefill_padding_frac",
+                "update_padding_frac")
+"""Per-step metrics (`rl/<name>` in the tracker; columns of the steps CSV after `step`). The padding shares
+(`training.rl.rollout.padding_slots`, all ranks): of the token slots the rollout's prompt prefill computes, and of
+those the update's teacher-forced micro-batches compute."""
 
 
 def run_summary(state, parent: Path, parent_step, max_steps: int, groups: int) -> dict:

@@ -121,3 +121,20 @@ def teacher_forced_logits(forward, tokenizer, rollout: Rollout, rows: slice | li
     if masked_ids:
         logits[..., masked_ids] = float("-inf")
     return logits
+
+
+def padding_slots(rollout: Rollout, chunks: list[slice]) -> dict[str, float]:
+    """Token slots and the real tokens among them, in the rollout's prompt prefill (every row left-padded to the
+    longest prompt) and in the update's teacher-forced micro-batches (`chunks`: each padded to its longest prompt,
+    plus the completions' width). Rows of one group share a prompt, so a micro-batch inside a group pads only its
+    completions."""
+    prompts = [len(e["input_ids"]) for e in rollout.encoded]
+    answers = rollout.mask.sum(dim=1).tolist()
+    width = rollout.completions.shape[1]
+    update_slots = update_real = 0
+    for rows in chunks:
+        p, a = prompts[rows], answers[rows]
+        update_slots += len(p) * (max(p) + width)
+        update_real += sum(p) + sum(a)
+    return {"prefill_slots": float(len(prompts) * max(prompts)), "prefill_real": float(sum(prompts)),
+            "update_slots": float(update_slots), "update_real": float(update_real)}
