@@ -104,25 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     from training.rl.loop import GRPOTrainer
     from training.rl.outputs import PHASES
 
-    rounds = []
+    rounds, rows = [], []
     with tempfile.TemporaryDirectory() as d:
         cfg = build(Path(d), args.checkpoint, args.steps * args.repeats, args.shards, args.sft_steps)
         trainer = GRPOTrainer(cfg, callbacks=[])
         try:
             for k in range(args.repeats):
                 first = trainer.state.step
-                rows = [trainer.train_step() for _ in range(args.steps)]
+                steps = [trainer.train_step() for _ in range(args.steps)]
                 base = plain_generate(trainer, range(first, first + args.steps))
-                skip = 2 if k == 0 and len(rows) > 4 else 0  # the first steps warm allocators up
-                rounds.append(_round(rows[skip:], base["seconds"][skip:], base["tokens"][skip:]))
+                skip = 2 if k == 0 and len(steps) > 4 else 0  # the first steps warm allocators up
+                rounds.append(_round(steps[skip:], base["seconds"][skip:], base["tokens"][skip:]))
+                rows += steps[skip:]
         finally:
             trainer.release_lock()
     ratios = {k: statistics.median(r[k] for r in rounds)
               for k in ("rollout_tokens_per_s_vs_plain", "rollout_share_of_step", "step_vs_plain_generate")}
-    res = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k not in ratios and k != "rows"}
-    rows = [row for r in rounds for row in r["rows"]]
+    res = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k not in ratios}
     phases = {p: statistics.mean(v) for p in PHASES if (v := [r[p] for r in rows if r[p] == r[p]])}
-    res.update(phases_s_per_step=phases, rounds=[{k: v for k, v in r.items() if k != "rows"} for r in rounds],
+    res.update(phases_s_per_step=phases, rounds=rounds,
                prefill_padding_frac=statistics.mean(r["prefill_padding_frac"] for r in rows),
                update_padding_frac=statistics.mean(r["update_padding_frac"] for r in rows))
     per_round = " / ".join(f"{r['rollout_tokens_per_s_vs_plain']:.2f}" for r in rounds)
@@ -151,8 +151,7 @@ def _round(rows: list[dict], gen_seconds: list[float], gen_token_counts: list[in
             "plain_generate_s_per_step": gen_s / len(rows),
             "plain_vs_rl_answer_tokens": gen_tokens / max(rl_tokens, 1),
             "rollout_tokens_per_s_vs_plain": (rl_tokens / roll) / (gen_tokens / gen_s),
-            "rollout_share_of_step": roll / (roll + upd), "step_vs_plain_generate": (roll + upd) / gen_s,
-            "rows": rows}
+            "rollout_share_of_step": roll / (roll + upd), "step_vs_plain_generate": (roll + upd) / gen_s}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ not available offline to count them exactly).
 
 **Memory.** Per GPU for one micro-batch of the longest example: model states by ZeRO stage (`training/plan.py`,
 DeepSpeed's accounting, trainable parameters counted for LoRA / frozen vision) + activations
-(`training.plan.activation_bytes`: Korthikanti et al. 2022 per layer, the vision tower at its own token count,
+(`training.activations.activation_bytes`: Korthikanti et al. 2022 per layer, the vision tower at its own token count,
 the logits; with and without gradient checkpointing) + a reserve, against `train.gpu_mem_gb`.
 
 **Verdict.** OK, or FAIL with one message naming the keys to change and values that fit (the smallest
@@ -42,7 +42,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.plan import GB, Activations, Arch, Setup, activation_bytes, arch_for, plan, trainable_params
+from training.activations import Activations, activation_bytes, trainable_params
+from training.plan import GB, Arch, Setup, arch_for, plan
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from training.activations import activation_bytes
 from training.plan import (
     GB,
     Arch,
     Setup,
-    activation_bytes,
     activation_need,
     main,
     model_size,
@@ -114,7 +114,8 @@ def test_param_counts_from_the_architecture_alone(tiny_model_dir):
 def test_trainable_params_match_the_finetune_modes(finetune, freeze_vision, tiny_model_dir):
     from transformers import AutoModelForImageTextToText
 
-    from training.plan import arch_for, trainable_params
+    from training.activations import trainable_params
+    from training.plan import arch_for
     from vtg.model.modeling import apply_finetune_mode, count_parameters
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)

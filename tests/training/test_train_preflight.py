@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from train_fixtures import REPO_ROOT, synthetic_window, train_config
 
-from training.plan import Arch, activation_bytes, arch_for
+from training.activations import activation_bytes
+from training.plan import Arch, arch_for
 from training.preflight import (
     PreflightError,
     check_before_training,
