@@ -83,7 +83,7 @@ def _video_files(paths: list[str]) -> list[Path]:
 
 def _targets(cfg: PipelineConfig, by_video: dict[str, list[CanonicalRecord]], sources: Sources,
              skipped: list[dict]) -> list[Target]:
-    from vtg.frames import video_facts
+    from vtg.frames import declared_duration_s, video_facts
 
     targets = []
     for vid, recs in by_video.items():
@@ -101,7 +101,8 @@ def _targets(cfg: PipelineConfig, by_video: dict[str, list[CanonicalRecord]], so
         except UndeclaredFile as e:
             raise VTGError(f"annotate.videos: {e}") from None
         frames, fps, _, _ = video_facts(str(f))
-        targets.append(Target(vid, rel, decl.id, decl.licence, round(frames / fps, 3) if fps > 0 else 0.0, False))
+        targets.append(Target(vid, rel, decl.id, decl.licence, round(declared_duration_s(frames, fps, str(f)), 3),
+                              False))
     return sorted(targets, key=lambda t: t.video_id)
 
 

@@ -78,11 +78,13 @@ def ambiguous_partners(queries: Sequence[tuple[str, str, tuple[float, float]]], 
     return {k: sorted(v) for k, v in out.items()}
 
 
-def change_points(change: np.ndarray, fps: float, min_change: float, ratio: float, context_s: float) -> list[float]:
+def change_points(change: np.ndarray, fps: float, min_change: float, ratio: float, context_s: float,
+                  times: np.ndarray | None = None) -> list[float]:
     """Times (s) of the frames where the video's activity changes: a spike (the frame's change from the previous
     frame is >= `min_change` and >= `ratio` x the median change of the frames `context_s` before it and of those
     after it: something appears or disappears) or a step (the median change after the frame differs from the one
-    before it by >= `min_change` and by a factor >= `ratio`: motion starts or stops). Frame 0 has no change."""
+    before it by >= `min_change` and by a factor >= `ratio`: motion starts or stops). Frame 0 has no change.
+    `times`: each frame's presentation time (`vtg.clock`; None: `index / fps`, a constant rate from 0)."""
     n = len(change)
     if n < 3:
         return []
@@ -101,7 +103,8 @@ def change_points(change: np.ndarray, fps: float, min_change: float, ratio: floa
         step = (hi - lo >= min_change) & (hi >= ratio * lo)
     # the medians differ over a run of frames around a step: its middle is the step
     steps = [(a + b) // 2 for a, b in _runs(step)]
-    return sorted(round(float(i) / fps, 6) for i in {*np.flatnonzero(spike).tolist(), *steps})
+    at = (lambda i: float(times[i])) if times is not None else (lambda i: float(i) / fps)
+    return sorted(round(at(i), 6) for i in {*np.flatnonzero(spike).tolist(), *steps})
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -147,10 +150,10 @@ def _round(x: float | None) -> float | None:
 
 def audit_video(queries: Sequence[tuple[str, str, Sequence[Sequence[float]]]], duration: float,
                 scenes: Sequence[float], change: np.ndarray, fps: float, cfg: AuditConfig,
-                ngram: int) -> dict[str, dict[str, dict]]:
+                ngram: int, times: np.ndarray | None = None) -> dict[str, dict[str, dict]]:
     """(annotation_id, text, windows) of one video -> {annotation_id: {flag: detail}} for its flagged queries;
     `scenes`: scene change times (s), `change`: per-frame mean thumbnail change at `fps`."""
-    points = change_points(change, fps, cfg.change_min, cfg.change_ratio, cfg.change_context_s)
+    points = change_points(change, fps, cfg.change_min, cfg.change_ratio, cfg.change_context_s, times)
     partners = ambiguous_partners([(a, t, moment(w)) for a, t, w in queries], ngram, cfg.ambiguous_jaccard,
                                   cfg.ambiguous_iou)
     out = {}

@@ -1,6 +1,7 @@
 """Probe and decode: each video is read once; everything later steps need is computed in that one pass.
 
-The reader is swappable (`READERS`): a reader yields BGR frames and reports fps. During the single pass we
+The reader is swappable (`READERS`): a reader yields BGR frames with their presentation times (`vtg.clock`: the
+decoder's pts on the file's timeline, never `index / fps`) and reports fps. During the single pass we
 run PySceneDetect's ContentDetector algorithm on downscaled frames (hard cuts; `scenes.ContentCuts`), keep a
 tiny colour thumbnail per frame (content change, gradual transitions, perceptual hashes, brightness), keep
 candidates of about frame_size^2 pixels with the source's aspect ratio (`vtg.shards.stored_frame_size`) at
@@ -26,6 +27,8 @@ import numpy as np
 
 from beam_jobs.quality import edge_width
 from beam_jobs.scenes import ContentCuts
+from vtg import clock
+from vtg.errors import VTGError
 from vtg.shards import stored_frame_size
 
 THUMB = 16  # side of the colour thumbnail kept for every decoded frame
@@ -39,8 +42,9 @@ class VideoReader(Protocol):
     def open(self, path: str) -> tuple[float, int, int, int]:
         """-> (fps, width, height, declared frame count). Raises DecodeError."""
 
-    def frames(self) -> Iterator[np.ndarray]:
-        """BGR uint8 frames in order. A reader may reuse one array for every frame: copy a frame to keep it."""
+    def frames(self) -> Iterator[tuple[float, np.ndarray]]:
+        """(presentation time in seconds on the file's timeline, BGR uint8 frame) in order. A reader may reuse one
+        array for every frame: copy a frame to keep it."""
 
     def close(self) -> None: ...
 
@@ -49,6 +53,7 @@ class OpenCVReader:
     def __init__(self, threads: int = 0) -> None:
         """`threads`: FFmpeg decoder threads (0: OpenCV's default, one per CPU)."""
         self._cap: cv2.VideoCapture | None = None
+        self._offset = 0.0
         self._params = [cv2.CAP_PROP_N_THREADS, threads] if threads > 0 else []
 
     def open(self, path: str) -> tuple[float, int, int, int]:
@@ -58,18 +63,19 @@ class OpenCVReader:
         if not cap.isOpened():
             raise DecodeError("not a decodable video (OpenCV could not open it)")
         self._cap = cap
+        self._offset = clock.stream_start_s(path)
         fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
         w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
         return fps, w, h, int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
 
-    def frames(self) -> Iterator[np.ndarray]:
+    def frames(self) -> Iterator[tuple[float, np.ndarray]]:
         assert self._cap is not None
         frame = None
         while True:
             ok, frame = self._cap.read(frame)  # decodes into the previous frame's buffer (~20 us/frame less)
             if not ok:
                 return
-            yield frame
+            yield clock.pos_seconds(self._cap) + self._offset, frame
 
     def close(self) -> None:
         if self._cap is not None:
@@ -85,9 +91,12 @@ class DecodedVideo:
     """What one decode pass of a video leaves behind (no full-resolution frames)."""
 
     fps: float
+    """The container's average rate (a count of frames per second, not the clock: `times` is)."""
     width: int
     height: int
     n_frames: int
+    times: np.ndarray
+    """(n_frames,) presentation time of every decoded frame, seconds on the file's timeline (`vtg.clock`)."""
     thumbs: np.ndarray
     """(n_frames, THUMB, THUMB, 3) uint8 BGR thumbnails."""
     change: np.ndarray
@@ -110,7 +119,12 @@ class DecodedVideo:
 
     @property
     def duration_s(self) -> float:
-        return self.n_frames / self.fps
+        """When the last frame stops being shown (`vtg.clock.end_time`): the video's length on its timeline."""
+        return clock.end_time(self.times[-2:], self.fps)
+
+    def seconds(self, idx) -> np.ndarray:
+        """The presentation times of frames by index (`cand_idx`, `qual_idx`, cut indices)."""
+        return self.times[np.asarray(idx, int)]
 
 
 @contextmanager
@@ -171,7 +185,7 @@ def decode_video(
                       detect_size=detect_size, cutter=cutter, quality_fps=quality_fps, blur_size=blur_size)
     finally:
         rd.close()
-    _check_complete(video.n_frames, fps, declared, expected_duration_s)
+    _check_complete(video.n_frames, video.duration_s, declared, expected_duration_s)
     return video
 
 
@@ -194,14 +208,19 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     factor = max(1, math.ceil(max(w, h) / detect_size))  # integer factors take OpenCV's fast INTER_AREA path
     dsize = (max(1, w // factor), max(1, h // factor))
     on_thumbs = detect_size <= THUMB and cutter.engine == "batched"  # cut scores for all thumbnails after the loop
-    step = max(1.0, fps / candidate_fps)
-    qstep = max(step, fps / quality_fps)
+    # candidates and scored frames are chosen by presentation time (a variable-rate file is sampled evenly in time)
+    step = 1.0 / candidate_fps
+    qstep = max(step, 1.0 / quality_fps)
+    tol = clock.RESOLUTION_S / 2
     halvings = prescale_halvings(w, h, max(frame_size, blur_size))
     cand_size = stored_frame_size(w, h, frame_size)  # the aspect ratio kept (shard contract 2)
-    thumbs, cand_idx, cands, qual_idx, widths = [], [], [], [], []
-    next_cand = next_qual = 0.0
+    thumbs, cand_idx, cands, qual_idx, widths, times = [], [], [], [], [], []
+    next_cand = next_qual = None
     n = 0
-    for i, frame in enumerate(frames):
+    for i, (t, frame) in enumerate(frames):
+        times.append(t)
+        if next_cand is None:  # the first frame is a candidate and is scored, wherever the video starts
+            next_cand = next_qual = t
         src = frame
         for _ in range(halvings):  # large frames: exact 2x area steps first (OpenCV's fast path), then one resize
             src = cv2.resize(src, (src.shape[1] // 2, src.shape[0] // 2), interpolation=cv2.INTER_AREA)
@@ -213,19 +232,23 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
                 cv2.resize(frame, dsize, interpolation=cv2.INTER_AREA) if factor > 1 else frame
             cutter.push(i, small)
         n = i + 1
-        if i >= next_cand - 1e-9:
-            next_cand += step
+        if t >= next_cand - tol:
+            next_cand += step * max(1, int((t - next_cand + tol) // step) + 1)
             cand = cv2.resize(src, cand_size, interpolation=cv2.INTER_AREA)
             cands.append(cand)
             cand_idx.append(i)
-            if i >= next_qual - 1e-9:
-                next_qual += qstep
+            if t >= next_qual - tol:
+                next_qual += qstep * max(1, int((t - next_qual + tol) // qstep) + 1)
                 scored = cand if cand_size == (blur_size, blur_size) else \
                     cv2.resize(src, (blur_size, blur_size), interpolation=cv2.INTER_AREA)
                 widths.append(edge_width(scored))
                 qual_idx.append(i)
     if n == 0:
         raise DecodeError("no frame could be decoded")
+    try:
+        clock.check_increasing(times, "presentation times")
+    except VTGError as e:
+        raise DecodeError(str(e)) from None
     th = np.stack(thumbs)
     if on_thumbs:
         cutter.push_all(th)
@@ -233,7 +256,8 @@ def _scan(frames: Iterator[np.ndarray], fps: float, w: int, h: int, *, frame_siz
     change[1:] = np.abs(th[1:].astype(np.int16) - th[:-1].astype(np.int16)).mean(axis=(1, 2, 3))
     grey = cv2.cvtColor(th[cand_idx].reshape(-1, THUMB, 3), cv2.COLOR_BGR2GRAY).reshape(len(cand_idx), -1)
     cand_grey = cv2.cvtColor(np.concatenate(cands), cv2.COLOR_BGR2GRAY).reshape(len(cands), -1)
-    return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, thumbs=th, change=change,
+    return DecodedVideo(fps=fps, width=w, height=h, n_frames=n, times=np.asarray(times, float), thumbs=th,
+                        change=change,
                         hard_cuts=[c for c in cutter.finish() if 0 < c < n], cand_idx=np.asarray(cand_idx),
                         cand_frames=cands, brightness=grey.mean(axis=1),
                         highlight=cand_grey.max(axis=1).astype(float), qual_idx=np.asarray(qual_idx),
@@ -246,9 +270,10 @@ def duration_slack_s(duration_s: float) -> float:
     return max(1.0, 0.05 * duration_s)
 
 
-def _check_complete(n: int, fps: float, declared: int, expected_duration_s: float | None) -> None:
-    """Truncated files decode fewer frames than the container (or the annotation) promises."""
+def _check_complete(n: int, duration_s: float, declared: int, expected_duration_s: float | None) -> None:
+    """Truncated files decode fewer frames than the container (or less time than the annotation) promises; the
+    decoded duration is the presentation clock's (`DecodedVideo.duration_s`)."""
     if declared > 0 and n < 0.95 * declared - 1:
         raise DecodeError(f"truncated: decoded {n} of {declared} frames")
-    if expected_duration_s and n / fps < expected_duration_s - duration_slack_s(expected_duration_s):
-        raise DecodeError(f"truncated: decoded {n / fps:.2f} s of the annotated {expected_duration_s:.2f} s")
+    if expected_duration_s and duration_s < expected_duration_s - duration_slack_s(expected_duration_s):
+        raise DecodeError(f"truncated: decoded {duration_s:.2f} s of the annotated {expected_duration_s:.2f} s")

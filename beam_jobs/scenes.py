@@ -136,11 +136,12 @@ def gradual_transitions(thumbs: np.ndarray, *, reach: int, high: float, min_fram
     return spans
 
 
-def scene_boundaries(hard_cuts: Sequence[int], gradual: Sequence[tuple[int, int]], fps: float) -> list[float]:
-    """Sorted boundary times in seconds: the first frame of each new scene; a gradual one at its middle."""
-    times = {round(c / fps, 6) for c in hard_cuts}
-    times |= {round((a + b) / 2 / fps, 6) for a, b in gradual}
-    return sorted(times)
+def scene_boundaries(hard_cuts: Sequence[int], gradual: Sequence[tuple[int, int]], times: np.ndarray) -> list[float]:
+    """Sorted boundary times in seconds on the video's clock (`times`: each frame's presentation time, `vtg.clock`):
+    the first frame of each new scene; a gradual one midway between its first and last frame."""
+    out = {round(float(times[c]), 6) for c in hard_cuts}
+    out |= {round((float(times[a]) + float(times[b])) / 2, 6) for a, b in gradual}
+    return sorted(out)
 
 
 def _inside(t: float, moments: Sequence[tuple[float, float]]) -> bool:

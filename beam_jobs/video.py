@@ -48,11 +48,11 @@ def detect_scenes(video: DecodedVideo, cfg: PreprocessConfig) -> list[float]:
     gradual = (gradual_transitions(video.thumbs, reach=reach, high=sc.gradual_threshold, min_frames=reach,
                                    hard_cuts=video.hard_cuts, min_changed=sc.gradual_min_changed_fraction)
                if sc.gradual else [])
-    return scene_boundaries(video.hard_cuts, gradual, video.fps)
+    return scene_boundaries(video.hard_cuts, gradual, video.times)
 
 
 def select_frames(video: DecodedVideo, start: float, end: float, cfg: PreprocessConfig) -> np.ndarray:
-    cand_t = video.cand_idx / video.fps
+    cand_t = video.seconds(video.cand_idx)
     if cfg.frame_mode == "family":
         family = family_named(cfg.family)
         width, height = stored_frame_size(video.width, video.height, cfg.frame_size)
@@ -84,12 +84,12 @@ def build_windows(video_id: str, records: Sequence[CanonicalRecord], video: Deco
             continue
         queries.setdefault(k, []).append(QueryItem(r.annotation_id, r.query, rebase(r.windows, spans[k]), span,
                                                      r.annotation_file, r.source, r.licence))
-    cand_t = video.cand_idx / video.fps
+    cand_t = video.seconds(video.cand_idx)  # presentation times (vtg.clock), never index / fps
     windows, window_drops = [], []
     source = "+".join(sorted({r.source for r in records}))
     for k, (ws, we) in enumerate(spans):
         pool = fr.window_candidates(cand_t, ws, we)
-        scored = fr.window_candidates(video.qual_idx / video.fps, ws, we)
+        scored = fr.window_candidates(video.seconds(video.qual_idx), ws, we)
         scores = window_quality(video.edge_widths[scored], video.brightness[pool], video.highlight[pool],
                                 video.width, video.height)
         reason = quality_drop_reason(scores, cfg.quality)
@@ -124,7 +124,8 @@ def joined_licence(records: Sequence[CanonicalRecord]) -> str:
 def audit_records(records: Sequence[CanonicalRecord], video: DecodedVideo, cfg: PreprocessConfig) -> dict:
     """The annotation audit's flags of one video's records ({annotation_id: {flag: detail}}, flagged ones only)."""
     return audit_video([(r.annotation_id, r.query, r.windows) for r in records], video.duration_s,
-                       detect_scenes(video, cfg), video.change, video.fps, cfg.audit, cfg.dedup.query_ngram)
+                       detect_scenes(video, cfg), video.change, video.fps, cfg.audit, cfg.dedup.query_ngram,
+                       video.times)
 
 
 def video_signature(video_id: str, video: DecodedVideo, n_usable: int, cfg: PreprocessConfig) -> VideoSig:

@@ -96,7 +96,8 @@ def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
 
 def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig,
                  sources: Sources) -> tuple[np.ndarray, list]:
-    """(frames, timestamps in seconds from the video's start) of one whole video under `profile`; `sources`
+    """(frames, their presentation times in seconds from the video's start, `vtg.clock`) of one whole video under
+    `profile`: the frames chosen by index as the family's processor chooses them, each told its own time; `sources`
     (`ingest.sources`) find the record's file."""
     from vtg.model.geometry import policy_frames
     path = sources.resolve(record.video_owner, record.video_path)
@@ -110,8 +111,8 @@ def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: Pipelin
         most = min(policy["max_frames"], cfg.benchmark.max_frames or policy["max_frames"])
         count = policy_frames(total / fps, height, width, vision.geometry, policy["fps"], policy["min_frames"],
                               most, cfg.benchmark.max_video_tokens)
-    frames, got = decode_at(path, frame_indices(total, count, profile))
-    return np.stack(frames), [round(i / fps, 4) for i in got]
+    frames, _, times = decode_at(path, frame_indices(total, count, profile))
+    return np.stack(frames), [round(t, 4) for t in times]
 
 
 def _score(answer: str, windows, profile: Profile) -> tuple[tuple | None, float]:

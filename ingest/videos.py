@@ -55,7 +55,8 @@ class VideoIndex:
 
 
 def probe_duration(path: str) -> tuple[float | None, str]:
-    """(duration in seconds, "") from the container's frame count and fps, or (None, why not)."""
+    """(duration in seconds, "") from the container's frame count and fps on the file's timeline
+    (`vtg.frames.declared_duration_s`), or (None, why not)."""
     cap = cv2.VideoCapture(path)
     try:
         if not cap.isOpened():
@@ -63,6 +64,8 @@ def probe_duration(path: str) -> tuple[float | None, str]:
         frames, fps = cap.get(cv2.CAP_PROP_FRAME_COUNT), cap.get(cv2.CAP_PROP_FPS)
         if not (frames > 0 and fps > 0):
             return None, f"no frame count/fps in the container (frames={frames}, fps={fps})"
-        return frames / fps, ""
+        from vtg.frames import declared_duration_s
+
+        return declared_duration_s(int(frames), fps, path), ""
     finally:
         cap.release()

@@ -1,16 +1,19 @@
 """Decoding chosen frames of a video file (OpenCV): the one reader of the side paths that score whole videos or
-clips outside the shards (the benchmark protocol, the general-task suites). Preprocess has its own decoder
-(beam_jobs/video.py), tuned for its candidate frames."""
+clips outside the shards (the benchmark protocol, the general-task suites, annotate). Preprocess has its own decoder
+(beam_jobs/video.py), tuned for its candidate frames. Both tell time by `vtg.clock`: a frame's time is its
+presentation time on the file's timeline, never `index / fps`."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from vtg import clock
 from vtg.errors import VTGError
 
 
 def video_facts(path: str) -> tuple[int, float, int, int]:
-    """(frames, fps, height, width) as the decoder reports them; an unreadable file is an error."""
+    """(frames, fps, height, width) as the decoder reports them; an unreadable file is an error. The fps is the
+    container's average rate: a count, not a clock (`frame_times` is the clock)."""
     import cv2
 
     cap = cv2.VideoCapture(path)
@@ -23,32 +26,60 @@ def video_facts(path: str) -> tuple[int, float, int, int]:
         cap.release()
 
 
-def decode_at(path: str, wanted: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
-    """RGB frames at the wanted (sorted) indices, decoded in one sequential pass from the first of them, and the
-    indices actually got (a container that reports more frames than it holds yields fewer)."""
+def declared_duration_s(frames: int, fps: float, path: str) -> float:
+    """When a video's last frame ends on its timeline, from the container's frame count and average rate (no
+    decode): where the video stream starts plus frames / fps (a variable-rate file's average rate makes that its
+    stream duration)."""
+    return clock.stream_start_s(path) + frames / fps if fps > 0 else 0.0
+
+
+def frame_times(path: str) -> np.ndarray:
+    """The presentation time (seconds on the file's timeline, `vtg.clock`) of every frame the decoder yields, in one
+    sequential pass that decodes no pixels into Python."""
+    import cv2
+
+    offset = clock.stream_start_s(path)
+    cap = cv2.VideoCapture(path)
+    times = []
+    try:
+        if not cap.isOpened():
+            raise VTGError(f"{path}: cannot open the video")
+        while cap.grab():
+            times.append(clock.pos_seconds(cap) + offset)
+    finally:
+        cap.release()
+    clock.check_increasing(times, path)
+    return np.asarray(times, float)
+
+
+def decode_at(path: str, wanted: np.ndarray) -> tuple[list[np.ndarray], list[int], list[float]]:
+    """RGB frames at the wanted (sorted) indices, the indices actually got (a container that reports more frames than
+    it holds yields fewer) and their presentation times, in one sequential pass from the first frame: OpenCV's seek
+    turns a frame index into a time with the average fps, which lands on another frame in a variable-rate file."""
     import cv2
 
     if not len(wanted):
-        return [], []
+        return [], [], []
+    offset = clock.stream_start_s(path)
     cap = cv2.VideoCapture(path)
-    frames, got = [], []
+    frames, got, times = [], [], []
     want = {int(i) for i in wanted}
-    i, last = int(wanted[0]), int(wanted[-1])
+    i, last = 0, int(wanted[-1])
     try:
-        if i:
-            cap.set(cv2.CAP_PROP_POS_FRAMES, i)
         while i <= last and cap.grab():
             if i in want:
                 ok, bgr = cap.retrieve()
                 if ok:
                     frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
                     got.append(i)
+                    times.append(clock.pos_seconds(cap) + offset)
             i += 1
     finally:
         cap.release()
     if not frames:
         raise VTGError(f"{path}: no frame could be decoded at {int(wanted[0])}-{last}")
-    return frames, got
+    clock.check_increasing(times, path)
+    return frames, got, times
 
 
 def resize_stored(frame: np.ndarray, frame_size: int) -> np.ndarray:
@@ -63,13 +94,18 @@ def resize_stored(frame: np.ndarray, frame_size: int) -> np.ndarray:
 
 def clip_frames(path: str, start_s: float, end_s: float | None, num_frames: int,
                 frame_size: int) -> tuple[np.ndarray, list[float]]:
-    """(uint8 RGB frames [T, H, W, 3] uniform over [start_s, end_s) (end None: the video's end), stored-size, and
-    their seconds from `start_s`); never a repeated frame: a clip with fewer frames gives fewer."""
-    total, fps, _, _ = video_facts(path)
-    if fps <= 0 or total <= 0:
+    """(uint8 RGB frames [T, H, W, 3], stored-size, and their presentation times in seconds from `start_s`): the frames
+    shown in [start_s, end_s) (end None: the video's end), `num_frames` of them spread first to last over that span
+    as the families' processors spread a video's frames (`linspace`, rounded); never a repeated frame: a clip with
+    fewer frames gives fewer."""
+    times = frame_times(path)
+    if not len(times):
         raise VTGError(f"{path}: cannot read the video")
-    first = min(int(start_s * fps), total - 1)
-    last = min(total, int(np.ceil((end_s if end_s is not None else total / fps) * fps)))
-    wanted = np.unique(np.linspace(first, max(first, last - 1), num_frames).round().astype(int))
-    decoded, got = decode_at(path, wanted)
-    return np.stack([resize_stored(f, frame_size) for f in decoded]), [round((i - first) / fps, 4) for i in got]
+    end = clock.end_time(times, video_facts(path)[1]) if end_s is None else end_s
+    inside = np.flatnonzero((times >= start_s - clock.RESOLUTION_S / 2) & (times < end - clock.RESOLUTION_S / 2))
+    if not len(inside):
+        inside = clock.nearest(times, np.array([start_s]))
+    pick = inside[np.unique(np.linspace(0, len(inside) - 1, num_frames).round().astype(int))]
+    decoded, _, shown = decode_at(path, pick)
+    return (np.stack([resize_stored(f, frame_size) for f in decoded]),
+            [round(t - start_s, 4) for t in shown])

@@ -25,14 +25,23 @@ SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
 """Written by preprocess beside the split folders: counts, lineage, every shard with its samples and sha256,
 `data_version` and `shard_contract`."""
-SHARD_CONTRACT = 3
+SHARD_CONTRACT = 4
 """The sample contract's version, in every sample (`SampleMeta.contract`) and the manifest (`shard_contract`).
 1 (before issue 22): frames squashed to `frame_size` x `frame_size`, a short window's frames repeated to fill
 the budget, no source frame indices. 2: frames keep their aspect ratio (`stored_frame_size`), no frame is
 repeated, and every sample records the source fps and the source frame index of each frame. 3 (issue 24):
-`source` is the declared source's id (was `<format>:<annotation path>`) and every sample names its `licence`."""
-OLDEST_READABLE_CONTRACT = 2
-"""Contract 2 shards are read as they are (no licence: ``; their `source` holds the annotation file)."""
+`source` is the declared source's id (was `<format>:<annotation path>`) and every sample names its `licence`.
+4 (issue 35): a frame's time is its presentation time (the decoder's pts on the file's timeline, `vtg.clock`)
+minus the window's start, and window spans, durations and scene cuts are on that clock; before, a time was
+`frame_index / source_fps`, wrong for variable-frame-rate video and for a video track that starts late."""
+OLDEST_READABLE_CONTRACT = 4
+"""Older shards are refused (`check_contract`): their frame times may not be the times the frames were shown."""
+CONTRACT_CHANGES = {
+    1: "frames squashed to squares, short windows padded with repeated frames, no source frame indices",
+    2: "frame times computed as frame index / average fps, not the decoder's presentation times",
+    3: "frame times computed as frame index / average fps, not the decoder's presentation times",
+}
+"""What a shard of each refused contract gets wrong, for the refusal's message."""
 
 
 class QueryMeta(BaseModel):
@@ -64,7 +73,9 @@ class SampleMeta(BaseModel):
     """Window span in the source video."""
     window_end_s: float
     frame_timestamps: list[float]
-    """Seconds relative to the window start, one per frame actually extracted."""
+    """One per frame actually extracted: its presentation time (the decoder's pts on the file's timeline,
+    `vtg.clock`) minus `window_start_s`, in seconds to 4 decimals: the time the frame was shown, on the clock the
+    queries' windows use (contract 4)."""
     fps: float
     """Effective sampling rate actually used (frames / window length)."""
     num_frames: int
@@ -85,8 +96,9 @@ class SampleMeta(BaseModel):
     source_fps: float | None = None
     """Frame rate of the source video (the decoder's)."""
     frame_indices: list[int] | None = None
-    """Source frame index of each stored frame: `frame_timestamps[i]` = `frame_indices[i] / source_fps` -
-    `window_start_s` (to 4 decimals)."""
+    """Source frame index of each stored frame, in decode order (provenance: the frame's time is
+    `frame_timestamps[i]`, its presentation time, which equals `frame_indices[i] / source_fps` only for a
+    constant-rate video whose track starts at 0)."""
 
     @property
     def duration_s(self) -> float:
@@ -238,9 +250,8 @@ def check_contract(root: str | Path) -> None:
         return  # hand-made shards (tests, the GPU check): samples carry their own contract
     found = int(manifest.get("shard_contract", 1))
     if found < OLDEST_READABLE_CONTRACT:
-        raise VTGError(f"{Path(root)}: shards written under sample contract {found} (frames squashed to squares, "
-                       f"short windows padded with repeated frames, no source frame indices); this version reads "
-                       f"contracts {OLDEST_READABLE_CONTRACT}-{SHARD_CONTRACT}: re-run preprocess "
+        raise VTGError(f"{Path(root)}: shards written under sample contract {found} ({CONTRACT_CHANGES.get(found, 'an older layout')}); "
+                       f"this version reads contracts {OLDEST_READABLE_CONTRACT}-{SHARD_CONTRACT}: re-run preprocess "
                        "(python -m beam_jobs.preprocess, or dvc repro)")
     if found > SHARD_CONTRACT:
         raise VTGError(f"{Path(root)}: shards written under sample contract {found}, newer than this version's "

@@ -16,6 +16,7 @@ from corpus import build_corpus
 from ingest import ingest
 from vtg.config import CorpusConfig, IngestConfig, load_config
 from vtg.records import read_records
+from vtg.shards import SHARD_CONTRACT
 
 REPO = Path(__file__).resolve().parents[2]
 IN_PROCESS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -64,7 +65,7 @@ def test_sources_and_licences_reach_every_sample_and_the_filter_drops_with_its_r
 
     queries = 0
     for meta in sample_metas(tmp_path / "shards"):
-        assert (meta["source"], meta["licence"], meta["contract"]) == ("open-set", "CC-BY-4.0", 3)
+        assert (meta["source"], meta["licence"], meta["contract"]) == ("open-set", "CC-BY-4.0", SHARD_CONTRACT)
         for q in meta["queries"]:
             assert (q["source"], q["licence"]) == ("open-set", "CC-BY-4.0")
             assert q["annotation_file"] == "jsonl:open.jsonl" or q["annotation_file"].startswith("qvhighlights:")

@@ -7,7 +7,8 @@ one 96x96 video: the job's own floor).
 The zoo (seeded): good videos, a zero-byte file, a text file named .mp4, an mp4 cut in half (its index, at the
 end, is lost), a "fast start" mp4 (index first) cut in half, a 1-frame video, a 0-frame container, a 2-frame
 0.02 s video, a 3000x3000 video, a landscape video with 90-degree rotation metadata (decoded upright, as
-portrait), and a variable-frame-rate video (half the frames at 16 fps, half at 5.3 fps; see its note below).
+portrait), and a variable-frame-rate video (half the frames at 16 fps, half at 5.3 fps: its frames keep their
+presentation times).
 """
 
 from __future__ import annotations
@@ -179,10 +180,13 @@ def test_bad_video_zoo_exact_accounting(tmp_path: Path):
     cfg = load_config(REPO / "params.yaml").preprocess
     rotated = decode(str(tmp_path / "videos" / "rotated.mp4"), cfg)
     assert (rotated.width, rotated.height) == (96, 160)
-    # Variable frame rate: decoded at its average rate (OpenCV's 8 fps) with frame times = index / 8, so inside
-    # this video the stored frame times are off by up to 1.5 s (the job assumes a constant rate; see docs/faults.md).
+    # Variable frame rate (issue 35): OpenCV's average rate is 8 fps, but every frame's time is its presentation
+    # time (`vtg.clock`): 24 frames 1/16 s apart, then 24 frames 3/16 s apart; `index / 8` was off by up to 1.5 s.
     vfr = decode(str(tmp_path / "videos" / "vfr.mp4"), cfg)
     assert vfr.fps == 8.0 and vfr.n_frames == 48
+    shown = [i / 16 for i in range(24)] + [1.5 + k * 3 / 16 for k in range(24)]
+    assert max(abs(a - b) for a, b in zip(vfr.times.tolist(), shown)) < 1e-3
+    assert abs(vfr.duration_s - 6.0) < 1e-3
 
     # peak memory of preprocess on one 3000x3000 video, measured alone, against one 96-px video
     rss = {}

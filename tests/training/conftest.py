@@ -51,3 +51,12 @@ def shards_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shards")
     write_fixture_shards(root, n_train=24, n_val=6, shards_per_split=2)
     return root
+
+
+@pytest.fixture(scope="session")
+def clock_project(tmp_path_factory) -> dict:
+    """Issue 35: a variable-frame-rate video and a late-starting constant-rate one with known presentation times,
+    through the real ingest and preprocess (`clock_fixtures.build_project`, ~10 s)."""
+    from clock_fixtures import build_project
+
+    return build_project(tmp_path_factory.mktemp("clock"))

@@ -1,16 +1,16 @@
-"""Issue 22, the time invariant for Qwen2.5-VL: the time the model is given for each frame group equals the
-shard's recorded frame timestamps, in the three paths that build inputs (training's shard reader, the RL rollout's
-prompts, evaluation's prompts), from the same shard sample.
+"""Issue 22, the time invariant for Qwen2.5-VL, stated absolutely (issue 35): the time the model is given for each
+frame group equals the mean of the shard's recorded frame times (seconds from the window's start, the answers'
+origin), in the three paths that build inputs (training's shard reader, the RL rollout's prompts, evaluation's
+prompts), from the same shard sample.
 
-- `rope` (Qwen2.5-VL's own timing): the temporal rope id of group g, from the model's own `get_rope_index`, is
-  `floor((t_g - t_0) x tokens_per_second)` (t_g: the first frame of the group): time relative to the first frame,
-  at the family's resolution (Qwen2.5-VL: 2 ids per second). 1, 2 and 4 fps (4 fps is where transformers' old int
-  cast put every temporal id at 0) and a window whose frames do not start at 0.
-- `text`: the prompt writes `<t_g seconds>` (t_g: the mean of the group's frame times, window-relative seconds, the
-  answers' convention) before each group, as Qwen3-VL's processor does (the other families:
-  tests/training/test_family_parity.py).
+- `native` (Qwen2.5-VL's own timing): the temporal rope id of group g in the `position_ids` every path hands the
+  model is the video's start position + `floor(mean_g x tokens_per_second)`, at the family's resolution (2 ids per
+  second). 1, 2 and 4 fps (4 fps is where transformers' old int cast put every temporal id at 0) and a window whose
+  frames do not start at 0: nothing is measured from the first frame.
+- `text`: the prompt writes `<t_g seconds>` (t_g: the mean of the group's frame times) before each group, as
+  Qwen3-VL's processor does (the other families: tests/training/test_family_parity.py).
 
-Uneven (adaptive) frames under `rope` get one mean interval per video: approximate, a gap issue 22 keeps open."""
+Files with known presentation times through every path, for every family: tests/training/test_clock_*.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 from train_fixtures import three_paths
 
 from vtg.model.generation import vision_params
@@ -40,17 +39,13 @@ def _shard(root, fps: float, first: float, n: int = 8):
     return ts
 
 
-def _group_times(model, enc: dict) -> list[int]:
-    """The temporal rope id of each frame group's video tokens (relative to the first group)."""
-    ids = enc["input_ids"][None]
-    pos, _ = model.model.get_rope_index(ids, enc["mm_token_type_ids"][None], video_grid_thw=enc["video_grid_thw"],
-                                        second_per_grid_ts=enc["second_per_grid_ts"],
-                                        attention_mask=torch.ones_like(ids))
-    t = pos[0, 0][enc["mm_token_type_ids"] == MM_VIDEO]
-    per_group = len(t) // int(enc["video_grid_thw"][:, 0].sum())
-    groups = t.view(-1, per_group)
+def _group_ticks(enc: dict) -> list[int]:
+    """The temporal rope id of each frame group's video tokens in the `position_ids` the model gets, counted from the
+    video's start position (where its height ids start), not from the first group."""
+    pos, video = enc["position_ids"], enc["mm_token_type_ids"] == MM_VIDEO
+    groups = pos[0][video].view(int(enc["video_grid_thw"][0, 0]), -1)
     assert (groups == groups[:, :1]).all()  # one time per group
-    return (groups[:, 0] - groups[0, 0]).tolist()
+    return (groups[:, 0] - int(pos[1][video].min())).tolist()
 
 
 @pytest.mark.parametrize("fps,first", [(1.0, 0.5), (2.0, 0.25), (4.0, 0.125), (2.0, 3.0)])
@@ -62,10 +57,11 @@ def test_rope_time_equals_the_shard_timestamps_in_every_path(tiny_model_dir, tmp
     ts = _shard(tmp_path, fps, first)
     tps = model.config.vision_config.tokens_per_second
     tp = vision_params(model).temporal_patch_size
-    want = [math.floor((ts[g * tp] - ts[0]) * tps + 1e-9) for g in range(len(ts) // tp)]
+    want = [math.floor((ts[g * tp] + ts[g * tp + tp - 1]) / 2 * tps + 1e-6) for g in range(len(ts) // tp)]
     assert len(set(want)) == len(want)  # distinct times: 4 fps does not collapse to 0
+    assert want[0] == math.floor((first + (first + (tp - 1) / fps)) / 2 * tps + 1e-6)  # the window's origin, not 0
     for path, enc in three_paths(model, tokenizer, tmp_path).items():
-        assert _group_times(model, enc) == want, path
+        assert _group_ticks(enc) == want, path
 
 
 @pytest.mark.parametrize("fps,first", [(2.0, 0.25), (4.0, 3.125)])

@@ -24,9 +24,9 @@ def write_fixture_shards(root: str | Path, n_train: int = 24, n_val: int = 6, sh
     return shards.write_synthetic_shards(root, n_train, n_val, shards_per_split, seed, source="fixture", **kw)
 
 
-def three_paths(model, tokenizer, shards_root) -> dict[str, dict]:
-    """The first train sample's encoded inputs as training's reader, the RL rollout and evaluation build them
-    (issue 22's time invariant: tests/training/test_time_invariant.py, test_family_parity.py)."""
+def three_paths(model, tokenizer, shards_root, split: str = "train") -> dict[str, dict]:
+    """The first `split` sample's encoded inputs as training's reader, the RL rollout and evaluation build them
+    (issue 22's time invariant: tests/training/test_time_invariant.py, test_family_parity.py, test_clock_*.py)."""
     from training.data import read_examples
     from training.rl.rollout import encode_prompts
     from vtg.model.generation import encode_queries
@@ -34,7 +34,7 @@ def three_paths(model, tokenizer, shards_root) -> dict[str, dict]:
     from vtg.queries import ReadStats, iter_examples
 
     vp = VisionParams.from_model(model)
-    urls = shards.list_shards(shards_root, "train")
+    urls = shards.list_shards(shards_root, split)
     [train], errors = read_examples(urls, tokenizer, vp, 1, 4096)
     assert errors == []
     [ex] = list(iter_examples(urls, ReadStats(), 1))

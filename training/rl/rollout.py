@@ -21,6 +21,7 @@ import torch
 
 from vtg.model.generation import pad_id
 from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
+from vtg.model.rope_time import extend_positions
 from vtg.model.shared_vision import shared_video_features
 from vtg.queries import QueryExample
 
@@ -114,6 +115,8 @@ def teacher_forced_logits(forward, tokenizer, rollout: Rollout, rows: slice | li
     if "mm_token_type_ids" in batch:
         mm = batch["mm_token_type_ids"]
         batch["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(comp.shape)], dim=1)
+    if "position_ids" in batch:  # the sampled tokens at the positions `generate` gave them
+        batch["position_ids"] = extend_positions(batch["position_ids"], comp.shape[1])
     steps = comp.shape[1]
     batch["logits_to_keep"] = steps + 1  # only the positions that predict the answer (vocabularies are large)
     with shared_video_features(model, collated.get("video_share")):  # no share (model None): a no-op

@@ -94,6 +94,8 @@ def pack(examples: list[dict], pad_token_id: int, rows: list[list[int]] | None =
     batch["video_grid_thw"] = torch.cat([examples[i]["video_grid_thw"] for i in order])
     if all("second_per_grid_ts" in e for e in examples):
         batch["second_per_grid_ts"] = torch.cat([examples[i]["second_per_grid_ts"] for i in order])
+    if all("position_ids" in e for e in examples):  # Qwen2.5-VL's native timing: each example's own ids
+        batch["example_positions"] = [examples[i]["position_ids"] for i in order]
     batch["video_rows"] = torch.tensor([len(examples[i]["video_grid_thw"]) for i in order])
     batch[PACKED] = [segments[i] for i in order]
     batch["keys"] = [examples[i].get("key", "") for i in order]
@@ -123,20 +125,26 @@ def check_packable(model: torch.nn.Module) -> None:
 
 
 def packed_position_ids(owner: torch.nn.Module, batch: dict) -> torch.Tensor:
-    """(4, rows, width) positions of a packed batch: each example's from the model's `get_rope_index` on it alone
-    (row 0: text positions 0..n-1); the padding at a row's end is a sequence of its own (0, 1, ...)."""
+    """(4, rows, width) positions of a packed batch: each example's own (`encode_example`'s `position_ids`, where its
+    family's timing is computed there: Qwen2.5-VL native, `vtg.model.rope_time`), else from the model's
+    `get_rope_index` on it alone (row 0: text positions 0..n-1); the padding at a row's end is a sequence of its own
+    (0, 1, ...)."""
     ids, types = batch["input_ids"], batch["mm_token_type_ids"]
     rows, width = ids.shape
     pos = torch.arange(width, dtype=ids.dtype).expand(4, rows, width).clone()
     ends = torch.zeros(rows, dtype=torch.long)
     grid, spg, counts = batch["video_grid_thw"], batch.get("second_per_grid_ts"), batch["video_rows"].tolist()
+    own = batch.get("example_positions")
     g = 0
-    for (r, at, n), k in zip(batch[PACKED], counts, strict=True):
-        extra = {} if spg is None else {"second_per_grid_ts": spg[g:g + k]}
-        rope, _ = owner.get_rope_index(ids[r:r + 1, at:at + n], mm_token_type_ids=types[r:r + 1, at:at + n],
-                                       video_grid_thw=grid[g:g + k], attention_mask=None, **extra)
+    for e, ((r, at, n), k) in enumerate(zip(batch[PACKED], counts, strict=True)):
+        if own is not None:
+            rope = own[e]
+        else:
+            extra = {} if spg is None else {"second_per_grid_ts": spg[g:g + k]}
+            rope = owner.get_rope_index(ids[r:r + 1, at:at + n], mm_token_type_ids=types[r:r + 1, at:at + n],
+                                        video_grid_thw=grid[g:g + k], attention_mask=None, **extra)[0][:, 0]
         pos[0, r, at:at + n] = torch.arange(n, dtype=ids.dtype)
-        pos[1:, r, at:at + n] = rope[:, 0].to(ids.dtype)
+        pos[1:, r, at:at + n] = rope.to(ids.dtype)
         ends[r] = max(int(ends[r]), at + n)
         g += k
     for r in range(rows):  # the tail: positions restart, so it is its own (ignored) sequence

@@ -10,9 +10,11 @@ The processor facts (patch, merge and temporal patch sizes, pixel bounds, mean/s
 (a checkpoint without one is an error, never a silent default), and every export keeps a copy
 (`save_processor_config`), so training, RL, evaluation and serving all patchify the way the model was trained.
 
-Timing reaches the model through `second_per_grid_ts` = seconds spanned by one temporal patch, computed from the
-frame timestamps actually sampled (never a configured fps). `mm_token_type_ids` marks the video tokens (2) so
-that transformers 5 builds 3-D rope positions (without it the model silently falls back to 1-D positions).
+Timing reaches the model from the frame timestamps actually sampled (presentation times from the answer's origin,
+`vtg.clock`; never a configured fps): for Qwen2.5-VL's native timing as `position_ids`, each temporal patch's rope
+id from its frames' mean time (`vtg.model.rope_time`), with `second_per_grid_ts` (seconds spanned by one temporal
+patch) beside them for a caller that lets transformers build the ids. `mm_token_type_ids` marks the video tokens
+(2) so that transformers 5 builds 3-D rope positions (without it the model silently falls back to 1-D positions).
 
 The family (`vtg.model.families`) decides the rest: Qwen2.5-VL's pixel bounds hold per frame and its time is
 the rope (`second_per_grid_ts`); Qwen3-VL's and Qwen3.5's bounds hold for the whole clip (their
@@ -43,6 +45,7 @@ from vtg.model.processor_facts import (  # noqa: F401 - the facts' names, re-exp
     published_processor_files,
     save_processor_config,
 )
+from vtg.model.rope_time import rope_positions
 from vtg.model.shared_vision import video_share
 from vtg.model.tokens import query_ids
 
@@ -268,7 +271,9 @@ def encode_example(
     Labels are -100 everywhere except the answer tokens and the closing `<|im_end|>`. `max_length` truncation
     that would cut the answer raises ValueError (the sanity checks turn it into a clear error).
     `timestamps_mode` (`native` or `text`, see `video_block`) defaults to what the tokenizer was exported with.
-    Qwen2.5-VL gets `second_per_grid_ts` (its rope timing); text-timed families do not take it.
+    Qwen2.5-VL gets `second_per_grid_ts`, and under its native timing `position_ids` (3, L): each temporal patch's
+    rope id at its frames' mean time from the answer's origin (`vtg.model.rope_time`); text-timed families are told
+    the time in the prompt and take neither.
     """
     if len(timestamps) != len(frames):
         raise ValueError(f"{key}: {len(frames)} frames but {len(timestamps)} timestamps")
@@ -301,6 +306,10 @@ def encode_example(
     }
     if "second_per_grid_ts" in vision.model_family.model_inputs:
         out["second_per_grid_ts"] = torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)] * groups)
+        if timestamp_mode(tokenizer, timestamps_mode) == "native":
+            out["position_ids"] = rope_positions(mm, grid_rows, vision.merge_size,
+                                                 [patch_times(timestamps, vision.temporal_patch_size)],
+                                                 vision.tokens_per_second)
     return out
 
 
@@ -329,6 +338,13 @@ def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right"
             pad = t.new_full((length - len(t),), value)
             rows.append(torch.cat([t, pad]) if padding_side == "right" else torch.cat([pad, t]))
         batch[name] = torch.stack(rows)
+    if any("position_ids" in e for e in examples):  # Qwen2.5-VL's native timing (`vtg.model.rope_time`)
+        rows = []
+        for e in examples:
+            t = e["position_ids"]
+            pad = t.new_zeros((3, length - t.shape[1]))
+            rows.append(torch.cat([t, pad], 1) if padding_side == "right" else torch.cat([pad, t], 1))
+        batch["position_ids"] = torch.stack(rows, dim=1)
     with_pixels = examples
     if share_videos:
         batch["video_share"], firsts = video_share(examples)
@@ -342,7 +358,7 @@ def collate(examples: list[dict], pad_token_id: int, padding_side: str = "right"
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "pixel_values_videos",
-                "video_grid_thw", "second_per_grid_ts")
+                "video_grid_thw", "second_per_grid_ts", "position_ids")
 
 
 def model_inputs(batch: dict, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:

@@ -45,6 +45,9 @@ class VisionParams:
     Qwen3-VL's video processor)."""
     family: str = DEFAULT.name
     """The model family (`vtg.model.families`): how time reaches the model."""
+    tokens_per_second: float = 2.0
+    """Temporal rope ids per second of Qwen2.5-VL's native timing (the model config's
+    `vision_config.tokens_per_second`; Qwen2.5-VL's published 2 where no model says)."""
 
     @property
     def model_family(self) -> Family:
@@ -69,7 +72,7 @@ class VisionParams:
         in memory (tests, the GPU smoke test); a loaded checkpoint's facts come from `from_model`."""
         v = config.vision_config
         return cls.for_family(family_of(config), patch_size=v.patch_size, merge_size=v.spatial_merge_size,
-                              temporal_patch_size=v.temporal_patch_size)
+                              temporal_patch_size=v.temporal_patch_size, **_timing(config))
 
     @classmethod
     def from_processor_config(cls, data: dict, where: str = "preprocessor_config.json",
@@ -116,7 +119,7 @@ class VisionParams:
             if family.video_processor is not None and video is None:
                 raise VTGError(f"{model_dir}: no {VIDEO_PROCESSOR_CONFIG}: a {family.name} checkpoint's video pixel "
                                f"bounds are in it; copy the base model's {VIDEO_PROCESSOR_CONFIG} next to the weights")
-            vp = dataclasses.replace(vp, family=family.name)
+            vp = dataclasses.replace(vp, family=family.name, **_timing(config))
         return vp
 
     @classmethod
@@ -132,6 +135,12 @@ class VisionParams:
         return {**QWEN25VL_PROCESSOR, "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
                 "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
                 "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+
+def _timing(config) -> dict:
+    """The rope timing facts of a model config (`tokens_per_second` where its vision tower has one)."""
+    tps = getattr(config.vision_config, "tokens_per_second", None)
+    return {"tokens_per_second": float(tps)} if tps else {}
 
 
 def published_processor_files(family: Family, geometry: VisionParams | None = None) -> dict[str, dict]:
