@@ -74,7 +74,7 @@ def test_gradual_transition_is_found_inside_its_span(tmp_path, write_video):
     write_video(tmp_path / "d.mp4", [(3, 40), (4, 40)], dissolve=16)  # frames 32-47
     v = decode_video(str(tmp_path / "d.mp4"), frame_size=28, candidate_fps=4.0, cut_threshold=15.0)
     spans = scenes.gradual_transitions(v.thumbs, reach=4, high=15.0, min_frames=4, hard_cuts=v.hard_cuts)
-    bounds = scenes.scene_boundaries(v.hard_cuts, spans, v.fps)
+    bounds = scenes.scene_boundaries(v.hard_cuts, spans, v.times)
     assert bounds and all(32 / 8 <= b <= 48 / 8 for b in bounds)  # found within the dissolve, nowhere else
 
 
