@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _nearest(cand_t: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    pos = np.clip(np.searchsorted(cand_t, targets), 1, len(cand_t) - 1) if len(cand_t) > 1 else None
-    if pos is None:
-        return np.zeros(len(targets), int)
-    left = cand_t[pos - 1]
-    return np.where(np.abs(targets - left) <= np.abs(cand_t[pos] - targets), pos - 1, pos)
+from vtg.clock import nearest
 
 
 def window_candidates(cand_t: np.ndarray, start: float, end: float) -> np.ndarray:
     """Positions of candidates inside [start, end) (at least the nearest one)."""
     inside = np.flatnonzero((cand_t >= start - 1e-6) & (cand_t < end - 1e-6))
-    return inside if len(inside) else _nearest(cand_t, np.array([(start + end) / 2]))
+    return inside if len(inside) else nearest(cand_t, np.array([(start + end) / 2]))
 
 
 def uniform_frames(cand_t: np.ndarray, start: float, end: float, num_frames: int,
@@ -33,7 +27,7 @@ def uniform_frames(cand_t: np.ndarray, start: float, end: float, num_frames: int
     n = max(1, round(length * fps)) if fps > 0 else num_frames
     targets = start + (np.arange(n) + 0.5) * length / n
     pool = window_candidates(cand_t, start, end)
-    return np.unique(pool[_nearest(cand_t[pool], targets)])
+    return np.unique(pool[nearest(cand_t[pool], targets)])
 
 
 def _spread(idx: np.ndarray, m: int) -> np.ndarray:
