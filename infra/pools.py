@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from vtg.cli_common import run_cli
 from vtg.errors import ConfigError
+from vtg.io import load_yaml
 
 
 @dataclass
@@ -57,7 +57,7 @@ def load_pools(path: str | Path) -> list[PoolSpec]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: work pool declarations not found")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text(), path) or {}
     pools = data.get("pools")
     if not isinstance(pools, dict) or not pools:
         raise ConfigError(f"{path}: expected a non-empty `pools:` mapping")

@@ -123,6 +123,7 @@ def resume_source(cfg: PipelineConfig, section: str, key_name: str, key: str, da
         if meta.get("data_version") != data_version:
             log.warning("resuming %s (given as %s) trained on data %s, shards are now %s", run.resume, setting,
                         meta.get("data_version"), data_version)
+        check_not_past(Path(run.resume), meta, run.max_steps, section)
         return ckpt.resolve_checkpoint(run.resume)
     if run.resume == RESUME_NEVER:
         if ckpt.has_checkpoints(root):
@@ -142,7 +143,19 @@ def resume_source(cfg: PipelineConfig, section: str, key_name: str, key: str, da
     if why:
         ckpt.move_aside(root, why)
         return None
+    check_not_past(latest, meta, run.max_steps, section)
     return latest
+
+
+def check_not_past(checkpoint: Path, meta: dict, max_steps: int, section: str) -> None:
+    """A run asked to stop before where its checkpoint already is refuses (non-zero), instead of reporting the
+    longer model as done: the checkpoint stays the run's result, nothing is trained, removed or moved."""
+    step = int(meta.get("step") or 0)
+    if step > max_steps:
+        raise VTGError(f"{section}.max_steps={max_steps} is below the step of the checkpoint it would resume, "
+                       f"{checkpoint} (step {step}): nothing trained, that checkpoint is still the run's result. "
+                       f"Set {section}.max_steps>={step} to keep it, or {section}.resume=never to train "
+                       f"{max_steps} steps afresh (the current run is moved aside, not deleted)")
 
 
 def check_roots_apart(cfg: PipelineConfig) -> None:

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write `data` as JSON (indent 2, sorted keys, trailing newline) to a temp file beside `path`, then
@@ -48,3 +50,35 @@ def tree_digest(root: str | Path, pattern: str = "**/*") -> str:
     for p in sorted(q for q in root.glob(pattern) if q.is_file()):
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
     return h.hexdigest()
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping naming one key twice is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+class DuplicateKeyError(ValueError):
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r} appears twice, at lines {first} and {second} (YAML would keep the second "
+                         "silently): keep one")
+        self.key, self.first, self.second = key, first, second
+
+
+def load_yaml(text: str, source: str | os.PathLike = "<yaml>") -> Any:
+    """The one YAML reader of configuration (params.yaml, experiments, dvc.yaml, dvc.lock): `yaml.safe_load`,
+    but a key given twice in one mapping is a `ConfigError` naming both lines, never the last value silently."""
+    from vtg.errors import ConfigError
+
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{source}: {e}") from None

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from vtg.config._base import MARK, output_view
 from vtg.errors import VTGError
+from vtg.io import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def find_dvc_yaml(root: str | Path | None = None) -> Path:
 
 @cache
 def _load(path: Path, mtime: float) -> dict[str, Stage]:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path.read_text(), path) or {}
     graph = {}
     for name, s in (data.get("stages") or {}).items():
         outs, persist = _paths(s.get("outs"))
@@ -132,7 +133,7 @@ def is_dvc_repo(root: str | Path = ".") -> bool:
 
 def _read_lock(root: Path) -> dict:
     path = root / LOCK_FILE
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return (load_yaml(path.read_text(), path) or {}) if path.is_file() else {}
 
 
 def _owner(cfg, key: str) -> tuple[BaseModel, str]:
@@ -268,7 +269,7 @@ def sync_params(name: str, cfg, root: str | Path = ".") -> bool:
     if not entry:
         return False
     st = stage(name, root)
-    params_yaml = yaml.safe_load((root / PARAMS_FILE).read_text()) or {}
+    params_yaml = load_yaml((root / PARAMS_FILE).read_text(), root / PARAMS_FILE) or {}
     from_file = {s: _raw(params_yaml, s) for s in st.params}
     same = _section_views(from_file, cfg, st.params) == _current_views(cfg, st.params)
     want = from_file if same else {s: _dumped(cfg, s) for s in st.params}

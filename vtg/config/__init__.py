@@ -31,6 +31,7 @@ from vtg.config.rl import RLConfig
 from vtg.config.tracking import TrackingConfig
 from vtg.config.train import TrainConfig
 from vtg.errors import ConfigError
+from vtg.io import load_yaml
 from vtg.util import flatten
 
 __all__ = [
@@ -107,7 +108,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text(), path) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -117,29 +118,41 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _merge(dst: dict, src: dict, origin: dict[str, str], source: str, prefix: str = "") -> None:
-    """Deep-merge `src` into `dst`, recording for every leaf key which file set it."""
+def _merge(dst: dict, src: dict, origin: dict[str, str], source: str, prefix: str = "",
+           model: type | None = PipelineConfig) -> None:
+    """Merge `src` into `dst`, recording for every leaf key which file set it. A value merges into what is there
+    only where the schema has a config section (`train`, `train.model`); every other field is replaced whole by
+    what names it, so `preprocess.split_fractions={train: 0.9, test: 0.1}` is those two splits, not the default's
+    three with two of them changed."""
     for key, value in src.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(dst.get(key), dict):
-            _merge(dst[key], value, origin, source, dotted + ".")
+        sub = _section_type(model, key)
+        if isinstance(value, dict) and isinstance(dst.get(key), dict) and (sub is not None or model is None):
+            _merge(dst[key], value, origin, source, dotted + ".", sub)
         else:
             dst[key] = value
             origin[dotted] = source
             if isinstance(value, dict):
-                for sub in flatten(value, dotted):
-                    origin[sub] = source
+                for leaf in flatten(value, dotted):
+                    origin[leaf] = source
 
 
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`["train.lr=5e-5", "train.model.finetune=lora"]` -> nested dict (values parsed as YAML scalars)."""
-    nested: dict[str, Any] = {}
+def _section_type(model: type | None, key: str) -> type | None:
+    """The config section class of field `key` of section `model` (None: not a section, or no schema)."""
+    field = getattr(model, "model_fields", {}).get(key) if model is not None else None
+    ann = getattr(field, "annotation", None)
+    return ann if isinstance(ann, type) and issubclass(ann, Section) else None
+
+
+def _override_items(items: list[str] | tuple[str, ...]) -> list[tuple[list[str], Any]]:
+    """`["train.lr=5e-5"]` -> `[(["train", "lr"], 5e-05)]` (values parsed as YAML scalars)."""
+    out = []
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"{CLI_SOURCE}: override {item!r} must look like section.key=value")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw, f"{CLI_SOURCE}: {key}") if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str):
@@ -147,14 +160,42 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
                 value = float(value) if any(c in value for c in ".eE") else int(value)
             except ValueError:
                 pass
+        out.append((key.strip().split("."), value))
+    return out
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`["train.lr=5e-5", "train.model.finetune=lora"]` -> nested dict (values parsed as YAML scalars)."""
+    nested: dict[str, Any] = {}
+    for (*parents, leaf), value in _override_items(items):
         node = nested
-        *parents, leaf = key.strip().split(".")
         for p in parents:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{CLI_SOURCE}: override {item!r} conflicts with another override")
+                raise ConfigError(f"{CLI_SOURCE}: override {'.'.join([*parents, leaf])!r} conflicts with another "
+                                  "override")
         node[leaf] = value
     return nested
+
+
+def _apply_overrides(merged: dict, items: list[str] | tuple[str, ...], origin: dict[str, str]) -> None:
+    """Each `key.path=value` replaces exactly what it names (a whole mapping too: `preprocess.split_fractions=
+    {train: 0.9, test: 0.1}` is those two splits); the sections above it keep their other keys."""
+    parse_overrides(items)  # the conflict check
+    for (*parents, leaf), value in _override_items(items):
+        node = merged
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[leaf] = value
+        dotted = ".".join([*parents, leaf])
+        for key in [k for k in origin if k.startswith(dotted + ".")]:
+            del origin[key]
+        origin[dotted] = CLI_SOURCE
+        if isinstance(value, dict):
+            for sub in flatten(value, dotted):
+                origin[sub] = CLI_SOURCE
 
 
 def _experiment_chain(name: str, exp_dir: Path) -> list[Path]:
@@ -212,7 +253,7 @@ def load_config(
             data.pop("extends", None)
             data.pop("description", None)
             _merge(merged, data, origin, str(path))
-    _merge(merged, parse_overrides(list(overrides)), origin, CLI_SOURCE)
+    _apply_overrides(merged, list(overrides), origin)
     try:
         return PipelineConfig.model_validate(merged)
     except ValidationError as e:

@@ -245,7 +245,10 @@ class PreprocessConfig(Section):
 
     @model_validator(mode="after")
     def _splits_valid(self) -> "PreprocessConfig":
-        if not self.split_fractions or any(v < 0 for v in self.split_fractions.values()) \
-                or sum(self.split_fractions.values()) <= 0:
-            raise ValueError(f"split_fractions {self.split_fractions} must be non-negative with a positive sum")
+        fr = self.split_fractions
+        if not fr or any(v < 0 for v in fr.values()):
+            raise ValueError(f"split_fractions {fr} must be non-negative")
+        if abs(sum(fr.values()) - 1.0) > 1e-6:
+            raise ValueError(f"split_fractions {fr} sum to {sum(fr.values()):g}, not 1: give every split's share "
+                             "(an override replaces the whole mapping)")
         return self
