@@ -40,7 +40,7 @@ from vtg.frames import decode_at, video_facts
 from vtg.harness import FULL_VIDEO, build_card, card_digest, frame_facts
 from vtg.io import file_digest, write_json_atomic
 from vtg.queries import QueryExample
-from vtg.records import CanonicalRecord, read_jsonl, write_jsonl
+from vtg.records import CanonicalRecord, read_records, write_jsonl
 from vtg.selection import checkpoint_label
 from vtg.sources import Sources
 from vtg.spans import best_iou, metric_name, summarize
@@ -151,9 +151,9 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
         raise VTGError(f"{bench.records}: no benchmark records (write them with `python -m ingest "
                        "ingest.annotations=[<annotation file>] ingest.video_root=<videos> "
                        f"ingest.out={bench.records}`)")
+    records = read_records(bench.records)  # not records (an annotation file): one line, before any work
     ckpt = checkpoints.resolve_checkpoint(checkpoint)
     meta = checkpoints.read_checkpoint_meta(ckpt)
-    records = [CanonicalRecord.model_validate(d) for d in read_jsonl(bench.records)]
     if bench.max_examples:
         records = records[: bench.max_examples]
     if not records:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass, field
 
 from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
@@ -47,6 +48,21 @@ def as_number(value: object) -> float:
     return float(value)
 
 
+def as_id(value: object, key: str) -> str:
+    """An identifier field (`video_id`, `qid`, `vid`, `annotation_id`): a non-empty string, or an integer as its
+    digits. Anything else (null, a bool, a float, a list) raises TypeError: `str(None)` would make every such line
+    the id "None", and a float's digits are not the id the user wrote."""
+    if isinstance(value, bool) or not isinstance(value, str | int) or (isinstance(value, str) and not visible(value)):
+        raise TypeError(f"{key} must be a non-empty string or an integer, got {value!r}")
+    return str(value)
+
+
+def visible(text: str) -> bool:
+    """Whether `text` holds a character a reader can see: not only whitespace, zero-width or other format and
+    control characters (U+200B, U+200C, U+200D, U+2060, U+FEFF, ...). The one test of "empty" for every text field."""
+    return any(not (c.isspace() or unicodedata.category(c) in ("Cf", "Cc", "Zs", "Zl", "Zp", "Mn")) for c in text)
+
+
 def load_object(line: str, required: tuple[str, ...], known: tuple[str, ...], what: str,
                 id_key: str | None) -> dict | Rejected:
     """One JSON-object line with `required` keys, else why not (no `known` key at all: another format)."""
@@ -58,7 +74,8 @@ def load_object(line: str, required: tuple[str, ...], known: tuple[str, ...], wh
         return Rejected(UNKNOWN_FORMAT, f"not a {what} record (expected keys {', '.join(required)})")
     missing = [k for k in required if k not in obj]
     if missing:
-        aid = str(obj[id_key]) if id_key and obj.get(id_key) is not None else None
+        aid = obj[id_key] if id_key and isinstance(obj.get(id_key), str | int) else None
+        aid = None if aid is None or isinstance(aid, bool) else str(aid)
         return Rejected(UNPARSABLE, f"missing key(s) {', '.join(missing)}", aid)
     return obj
 

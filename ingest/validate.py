@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from ingest import reasons as R
-from ingest.items import RawItem
+from ingest.items import RawItem, visible
 from ingest.videos import VideoIndex
 from vtg.records import CanonicalRecord
 from vtg.sources import SourceDecl, Sources
@@ -112,18 +112,26 @@ def to_record(item: RawItem, source: SourceDecl, sources: Sources, annotation_fi
     """(record, whether a window end was clipped to the duration); raises `Invalid`. `source` holds the annotation
     file (`annotation_file`: `<format>:<path under its root>`); the record's video path is stored relative to its
     source's root."""
-    if not item.query.strip():
-        raise Invalid(R.EMPTY_QUERY, "the query text is empty")
+    if not visible(item.query):
+        raise Invalid(R.EMPTY_QUERY, "the query text is empty" + (
+            f" (only invisible characters: {', '.join(sorted({f'U+{ord(c):04X}' for c in item.query}))})"
+            if item.query.strip() else ""))
     if query_limit is not None:
         query_limit.check(item.query)
     if not item.windows:
         raise Invalid(R.UNPARSABLE, "no ground-truth window")
     check_windows(item.windows)
     source = record_source(item, source, sources)
-    path = item.extra.get("video_path")  # native records may carry their path; else look the id up
+    given = item.extra.get("video_path")  # native records may carry their path; else look the id up
+    path = given
     if path and "source" in item.extra and not os.path.isabs(path):
         path = sources.resolve(source.id, path)  # ingest's own output: relative to its source's root
-    if not (path and os.path.isfile(path)):
+    if given and not (path and os.path.isfile(path)):
+        # a path the record names is the record's video: never another file found by its id
+        raise Invalid(R.MISSING_VIDEO, f"the record's video_path {given!r} is not a file"
+                      + (f" (resolved to {path})" if path and path != given else "")
+                      + ": fix the path, or drop video_path to look the video up by its id", video_path=given)
+    if not path:
         if item.video_id in videos.ambiguous:
             files = videos.ambiguous[item.video_id]
             raise Invalid(R.AMBIGUOUS_VIDEO, f"id {item.video_id!r} names {len(files)} files under {videos.root} "

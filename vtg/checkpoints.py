@@ -161,8 +161,17 @@ def resolve_pointer(root: str | Path, name: str) -> Path | None:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint dir from a step dir, a pointer file (`latest`, `best.json`), or a root (-> its latest)."""
     p = Path(path)
-    if p.is_dir() and not p.is_symlink() and not (p / META_FILE).exists() and (p / LATEST).exists():
-        p = p / LATEST
+    root = p if p.is_dir() and not p.is_symlink() and not (p / META_FILE).exists() else \
+        p.parent if p.name == LATEST else None
+    if root is not None and (root / LATEST).exists():
+        # a root, or its `latest` pointer: the newest complete checkpoint, as training resumes it (a pointer that
+        # is corrupt or names a missing step falls back on the older ones, with a warning; a root without the
+        # pointer stays an error that names its checkpoints, `read_checkpoint_meta`)
+        found = latest_checkpoint(root)
+        if found is not None:
+            return found
+        if p == root:
+            p = p / LATEST
     info = read_pointer(p) if (p.is_file() or p.is_symlink()) else None
     return info["path"] if info else p.resolve()
 
@@ -314,7 +323,11 @@ def latest_checkpoint(root: str | Path, verify: bool = False) -> Path | None:
     `verify=True` (before resuming) checks every file's digest. A checkpoint that does not pass (no meta.json, a
     missing, truncated or altered file) is skipped with a warning naming it and why; the next older one is tried."""
     root = Path(root)
-    target = resolve_pointer(root, LATEST) if root.is_dir() else None
+    try:
+        target = resolve_pointer(root, LATEST) if root.is_dir() else None
+    except VTGError as e:
+        log.warning("%s; looking for the newest complete checkpoint by name", e)
+        target = None
     candidates = ([target] if target is not None else []) + [
         p for p in reversed(_step_dirs(root) if root.is_dir() else []) if target is None or p.resolve() != target]
     for i, p in enumerate(candidates):

@@ -100,4 +100,22 @@ def read_jsonl(path: str | Path) -> Iterator[dict]:
 
 
 def read_records(path: str | Path) -> list[CanonicalRecord]:
-    return [CanonicalRecord.model_validate(d) for d in read_jsonl(path)]
+    """Every canonical record in a jsonl file (what `python -m ingest` writes). A file that is not one (an
+    annotation file, a predictions file, a truncated line) is a `VTGError` naming the file, the line and the
+    first field wrong: the stages that read records as input (annotate, the benchmark) stop before any work."""
+    from vtg.errors import VTGError
+
+    out = []
+    with Path(path).open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(CanonicalRecord.model_validate(json.loads(line)))
+            except ValueError as e:  # json.JSONDecodeError and pydantic's ValidationError both are
+                errors = getattr(e, "errors", None)
+                why = (f"{'.'.join(map(str, errors()[0]['loc'])) or 'record'}: {errors()[0]['msg']}" if errors
+                       else str(e).splitlines()[0])
+                raise VTGError(f"{path}:{n}: not a canonical record ({why}); records are what `python -m ingest` "
+                               "writes (`ingest.out=<file>`), not an annotation file") from None
+    return out

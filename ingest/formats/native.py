@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows, lines, load_object
+from ingest.items import Parsed, RawItem, Rejected, as_id, as_number, as_windows, lines, load_object
 from ingest.reasons import UNPARSABLE
 
 REQUIRED = ("video_id", "query", "windows")
@@ -18,7 +18,12 @@ def parse_line(line: str, line_no: int, stem: str) -> RawItem | Rejected:
     obj = load_object(line, REQUIRED, REQUIRED, "native", "annotation_id")
     if isinstance(obj, Rejected):
         return obj
-    aid = str(obj.get("annotation_id") or f"{stem}:{line_no}")
+    try:
+        aid = as_id(obj["annotation_id"], "annotation_id") if obj.get("annotation_id") is not None \
+            else f"{stem}:{line_no}"
+        video_id = as_id(obj["video_id"], "video_id")
+    except TypeError as e:
+        return Rejected(UNPARSABLE, str(e), None)
     try:
         windows = as_windows(obj["windows"])
         duration = as_number(obj["duration_s"]) if obj.get("duration_s") is not None else None
@@ -26,8 +31,12 @@ def parse_line(line: str, line_no: int, stem: str) -> RawItem | Rejected:
         return Rejected(UNPARSABLE, str(e), aid)
     if not isinstance(obj["query"], str):
         return Rejected(UNPARSABLE, "query must be a string", aid)
+    bad = [k for k in ("video_path", "source", "licence", "annotation_file")
+           if obj.get(k) is not None and not isinstance(obj[k], str)]
+    if bad:
+        return Rejected(UNPARSABLE, f"{', '.join(bad)} must be a string", aid)
     extra = {k: obj[k] for k in ("video_path", "source", "licence", "annotation_file") if isinstance(obj.get(k), str)}
-    return RawItem(str(obj["video_id"]), obj["query"], windows, duration, aid, extra)
+    return RawItem(video_id, obj["query"], windows, duration, aid, extra)
 
 
 def parse(text: str, name: str = "") -> Iterator[Parsed]:

@@ -113,6 +113,7 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
       checkpointing if asked, then full fine-tuning or fresh LoRA adapters (`apply_finetune_mode`).
     The tokenizer comes from the export when it holds one (every checkpoint `hf/` does), else from the base.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForImageTextToText, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -136,8 +137,11 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
             model = AutoModelForImageTextToText.from_pretrained(source, attn_implementation=attn, dtype=dtype)
             tok_src = source
         tokenizer = AutoTokenizer.from_pretrained(tok_src)
-    except (OSError, ValueError, KeyError) as e:
-        raise VTGError(f"cannot load model from {path_or_id}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        what = "its weights are corrupt or truncated: " if isinstance(e, SafetensorError) else ""
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise VTGError(f"cannot load model from {path_or_id}: {what}{first} (rebuild or re-export it, or name "
+                       "another checkpoint)") from None
     if not trainable:
         model.to(device).eval().requires_grad_(False)
         return model, tokenizer
