@@ -16,6 +16,7 @@ import sys
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.errors import VTGError
+from vtg.net import check_prefect_api
 from vtg.lineage import CHECKPOINT_EVENT
 
 EVENT_PARAMETERS = {
@@ -74,6 +75,7 @@ def _main(argv: list[str] | None = None) -> int:
     resolve_config(args)
     if not os.environ.get("PREFECT_API_URL"):
         raise VTGError("PREFECT_API_URL is not set: start a Prefect server first (`make serve` does both)")
+    check_prefect_api()
     from prefect import serve
 
     serve(*build_deployments(args.params, args.experiment, list(args.overrides), args.rl), pause_on_shutdown=False)

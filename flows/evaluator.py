@@ -21,6 +21,7 @@ from flows.stages import ConfigArgs, spawn, stop_process
 from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.net import check_prefect_api
 from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def eval_mode(cfg: PipelineConfig) -> str:
         return o.eval_trigger
     if not os.environ.get("PREFECT_API_URL"):
         return EMBEDDED
+    check_prefect_api()
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment  # noqa: F401  (same client stack)
 

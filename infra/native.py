@@ -165,10 +165,10 @@ class S3:
                 "MLFLOW_S3_ENDPOINT_URL": self.endpoint}
 
     def client(self):
-        import boto3
+        from vtg.net import s3_client
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+        return s3_client(self.endpoint, aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+                         region_name="us-east-1")
 
 
 @contextlib.contextmanager

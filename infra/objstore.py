@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from vtg.cli_common import run_cli
+from vtg.net import s3_client
 from vtg.errors import VTGError
 from vtg.shards import SHARD_PATTERN
 
@@ -35,10 +36,8 @@ def split_s3(url: str) -> tuple[str, str]:
 
 
 def client():
-    import boto3
-
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
-    return boto3.client("s3", endpoint_url=endpoint or None)
+    return s3_client(endpoint)
 
 
 def dvc_hash(local_root: str | Path, repo: str | Path = ".") -> str:

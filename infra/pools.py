@@ -87,6 +87,9 @@ def apply(specs: list[PoolSpec]) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate, WorkQueueUpdate
     from prefect.exceptions import ObjectAlreadyExists
 
+    from vtg.net import check_prefect_api
+
+    check_prefect_api()
     with get_client(sync_client=True) as client:
         for spec in specs:
             client.create_work_pool(

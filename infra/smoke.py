@@ -31,6 +31,9 @@ def mlflow_roundtrip(experiment: str) -> dict[str, str]:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")):
         raise RuntimeError(f"MLFLOW_TRACKING_URI={uri!r}: expected the tracking server's http(s) URL")
+    from vtg.net import check_tracking_server
+
+    check_tracking_server(uri)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_name="infra-smoke") as run:

@@ -67,6 +67,9 @@ def train_multinode(hostfile: str = "/job/hostfile", master_addr: str | None = N
 def _wait_final(flow_run_id, poll_s: float = 5.0):
     from prefect.client.orchestration import get_client
 
+    from vtg.net import check_prefect_api
+
+    check_prefect_api()
     with get_client(sync_client=True) as client:
         while True:
             run = client.read_flow_run(flow_run_id)

@@ -221,7 +221,7 @@ NOT_OUTPUT_FIELDS = {
     "evaluate": {"out_dir", "store_dir", "device", "reuse", "batch_size", "split", "registry_alias",
                  "overfit_patience"},
     "tracking": set(),
-    "orchestration": set(),
+    "orchestration": {"network_timeout_s"},
 }
 RUN_LENGTH_FIELDS = {"train": {"max_steps", "save_every", "keep_last", "early_stop"}}
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from vtg.config import PipelineConfig, config_hash, dump_yaml, load_config
 from vtg.errors import VTGError, describe_os_error
+from vtg.net import TIMEOUT_SETTING
 
 
 def config_arg_parser(description: str) -> argparse.ArgumentParser:
@@ -40,6 +41,14 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return cfg
 
 
+def _object_store_error(e: Exception) -> int:
+    """The object store did not answer, refused or denied: one line, exit 2."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    print(f"error: object store: {first} (check AWS_ENDPOINT_URL_S3 and the credentials; waits are bounded by "
+          f"{TIMEOUT_SETTING})", file=sys.stderr)
+    return 2
+
+
 def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
     """Run a CLI main: every failure the user can act on is one line on stderr, no traceback (docs/faults.md).
 
@@ -62,12 +71,16 @@ def run_cli(main: Callable[[list[str] | None], int | None], argv: list[str] | No
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except OSError as e:
+        if type(e).__module__.startswith("botocore"):  # its timeouts are OSErrors too
+            return _object_store_error(e)
         print(f"error: {describe_os_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:
+        if type(e).__module__.startswith("botocore"):
+            return _object_store_error(e)
         if type(e).__name__ != "MlflowException":
             raise
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -32,6 +32,7 @@ from vtg.config.tracking import TrackingConfig
 from vtg.config.train import TrainConfig
 from vtg.errors import ConfigError
 from vtg.io import load_yaml
+from vtg.net import bound_clients
 from vtg.util import flatten
 
 __all__ = [
@@ -255,9 +256,11 @@ def load_config(
             _merge(merged, data, origin, str(path))
     _apply_overrides(merged, list(overrides), origin)
     try:
-        return PipelineConfig.model_validate(merged)
+        cfg = PipelineConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, origin, str(params))) from None
+    bound_clients(cfg.orchestration.network_timeout_s)  # every network call of this process and its children
+    return cfg
 
 
 def config_hash(cfg: Section, length: int = 12) -> str:

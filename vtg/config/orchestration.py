@@ -4,7 +4,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from vtg.config._base import Section
+from vtg.config._base import NOT_OUTPUT, Section
+from vtg.net import NETWORK_TIMEOUT_S
 
 
 class StageEntryPoints(Section):
@@ -44,6 +45,9 @@ class OrchestrationConfig(Section):
     """Retries of the steps where a retry can help (DVC push, evaluation, report)."""
     retry_delay_s: float = Field(5.0, ge=0)
     """First retry delay; later retries back off exponentially."""
+    network_timeout_s: float = Field(NETWORK_TIMEOUT_S, gt=0, json_schema_extra=NOT_OUTPUT)
+    """Connect and read timeout of every network call (the MLflow tracking server, the Prefect API, the object
+    store): a server that accepts and never answers ends the command in one line naming it (vtg/net.py)."""
     dvc_version: bool = True
     """Record the shards in dvc.lock (`dvc commit`) and push them to `dvc_remote` after preprocessing."""
     dvc_remote: str = "local"
