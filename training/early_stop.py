@@ -18,7 +18,8 @@ from pathlib import Path
 
 from vtg.config import PipelineConfig
 from vtg.io import write_json_atomic
-from vtg.selection import SELECTION_SPLIT, overfit_signal
+from vtg import checkpoints as ckpt
+from vtg.selection import SELECTION_SPLIT, lowest_eval_loss, overfit_signal
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,14 @@ def check(cfg: PipelineConfig, checkpoint: Path) -> dict | None:
     """Evaluate `checkpoint` on val (or reuse its stored result) and return the overfitting signal of its run,
     or None. Rank 0 only."""
     from evaluation.api import curve_runs, evaluate_checkpoint
+    from training.lifecycle import LOWEST_EVAL_LOSS
 
     result = evaluate_checkpoint(checkpoint, SELECTION_SPLIT, cfg, refresh=False).result
-    return overfit_signal(curve_runs(cfg, result), cfg.evaluate.overfit_patience)
+    runs = curve_runs(cfg, result)
+    lowest = lowest_eval_loss(runs)
+    if lowest is not None:  # protected from retention from now on (training.lifecycle.namers)
+        ckpt.write_pointer(Path(cfg.train.out_dir) / LOWEST_EVAL_LOSS, lowest["checkpoint"], step=int(lowest["step"]))
+    return overfit_signal(runs, cfg.evaluate.overfit_patience)
 
 
 def record(cfg: PipelineConfig, signal: dict, train_hash: str) -> Path:

@@ -89,19 +89,69 @@ def lineage_parents(cfg: PipelineConfig) -> list[Path]:
     return sorted(parents)
 
 
-def protected(cfg: PipelineConfig) -> list[Path]:
-    """Checkpoints retention must keep; the one place that decides (`vtg.checkpoints.prune` obeys the list):
-    - the best one, as evaluation's pointer names it (`<evaluate.out_dir>/best.json`);
+LOWEST_EVAL_LOSS = "lowest_eval_loss.json"
+"""`<train.out_dir>/lowest_eval_loss.json`: with `train.early_stop`, the pointer to the run's checkpoint with the
+lowest val eval loss so far (what the early-stop decision names as the one to keep)."""
+
+
+def namers(cfg: PipelineConfig) -> list[tuple[Path, str]]:
+    """Every checkpoint something names, with what names it: the one protection set (docs/faults.md). Retention
+    never removes one of them (`vtg.checkpoints.prune`), and a move-aside never takes one that the run about to
+    start uses (`in_use`):
+    - the best one, as evaluation's pointer names it (`<evaluate.out_dir>/best.json`; the registry alias the
+      evaluate stage sets points at the same checkpoint);
     - every checkpoint reported into this flow run's evaluation queue without an evaluation yet
       (`vtg.eval_queue.pending_from_env`); a later save prunes it once it is evaluated;
-    - every checkpoint an RL checkpoint started from, so that a lineage never loses its parent.
+    - every checkpoint an RL checkpoint started from, so that a lineage never loses its parent;
+    - with `train.early_stop`, the lowest-eval-loss checkpoint the early-stop decision names (`LOWEST_EVAL_LOSS`);
+    - `rl.init` when it names a checkpoint, and `train.resume` / `rl.resume` when they do.
     Training only reads these files; evaluation never writes into a checkpoint root."""
+    out: list[tuple[Path, str]] = []
     best = ckpt.read_pointer(Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER)
-    keep = [best["path"]] if best else []
+    if best:
+        out.append((best["path"], f"{Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER} (the best on val)"))
     pending = eval_queue.pending_from_env(cfg.orchestration.state_dir)
     if pending:
         log.info("retention keeps %s: evaluation pending", ", ".join(p.name for p in pending))
-    return keep + pending + lineage_parents(cfg)
+    out += [(p, "a pending evaluation") for p in pending]
+    out += [(p, "an RL checkpoint's parent") for p in lineage_parents(cfg)]
+    try:
+        lowest = ckpt.read_pointer(Path(cfg.train.out_dir) / LOWEST_EVAL_LOSS) if cfg.train.early_stop else None
+    except VTGError:
+        lowest = None
+    if lowest:
+        out.append((lowest["path"], "train.early_stop (the lowest val eval loss so far)"))
+    for key, ref in (("rl.init", cfg.rl.init), ("train.resume", cfg.train.resume), ("rl.resume", cfg.rl.resume)):
+        if ref not in ("best", ckpt.LATEST, RESUME_AUTO, RESUME_NEVER):
+            try:
+                out.append((ckpt.resolve_checkpoint(ref), key))
+            except VTGError:
+                out.append((Path(ref).resolve(), key))
+    return out
+
+
+def protected(cfg: PipelineConfig) -> list[Path]:
+    """The checkpoints retention must keep (`namers`)."""
+    return [p for p, _ in namers(cfg)]
+
+
+def in_use(cfg: PipelineConfig) -> list[tuple[Path, str]]:
+    """The named checkpoints the run about to start reads or reports: a move-aside of their root would take them
+    from under it (`rl.init` inside `rl.out_dir`, a pending evaluation). A superseded run's own best checkpoint
+    and RL parents go aside with it, its pointers stale until the evaluate stage selects again."""
+    keep = ("rl.init", "train.resume", "rl.resume", "a pending evaluation")
+    return [(p, who) for p, who in namers(cfg) if who in keep]
+
+
+def move_aside(cfg: PipelineConfig, root: Path, reason: str) -> Path:
+    """`vtg.checkpoints.move_aside`, refusing (one line, nothing moved) when `root` holds a checkpoint in use."""
+    for path, who in in_use(cfg):
+        p, r = Path(path).resolve(), root.resolve()
+        if p == r or r in p.parents:
+            raise VTGError(f"{root} is to be moved aside ({reason}), but it holds {path}, which {who} names: "
+                           f"nothing moved. Copy that checkpoint out of {root} and name the copy, or give this run "
+                           "another out_dir")
+    return ckpt.move_aside(root, reason)
 
 
 # ---- resume --------------------------------------------------------------------------------------------------
@@ -127,7 +177,7 @@ def resume_source(cfg: PipelineConfig, section: str, key_name: str, key: str, da
         return ckpt.resolve_checkpoint(run.resume)
     if run.resume == RESUME_NEVER:
         if ckpt.has_checkpoints(root):
-            ckpt.move_aside(root, f"{setting}=never starts a fresh run")
+            move_aside(cfg, root, f"{setting}=never starts a fresh run")
         return None
     latest = ckpt.latest_checkpoint(root, verify=True)  # newest that verifies; skipped ones are warned about
     if latest is None:
@@ -141,7 +191,7 @@ def resume_source(cfg: PipelineConfig, section: str, key_name: str, key: str, da
         why = (f"{latest.name} was trained on data {str(meta.get('data_version'))[:12]}, the shards are now "
                f"{data_version[:12]}")
     if why:
-        ckpt.move_aside(root, why)
+        move_aside(cfg, root, why)
         return None
     check_not_past(latest, meta, run.max_steps, section)
     return latest

@@ -99,6 +99,12 @@ def train_loss_of(result: dict) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
+def lowest_eval_loss(results: Sequence[dict]) -> dict | None:
+    """The SFT result with the lowest eval loss (what early stop names as the checkpoint to keep), or None."""
+    sft = [r for r in results if checkpoint_stage(r) == DEFAULT_STAGE]
+    return min(sft, key=lambda r: float(r["summary"]["model"].get("eval_loss", math.inf)), default=None)
+
+
 def overfit_signal(results: Sequence[dict], patience: int) -> dict | None:
     """Overfitting, from one training run's evaluated SFT checkpoints on one split: the eval loss rose at each
     of the last `patience` evaluations (each higher than the one before) while the training loss fell over the
@@ -113,7 +119,7 @@ def overfit_signal(results: Sequence[dict], patience: int) -> dict | None:
     falling = all(math.isfinite(t) for t in train) and train[-1] < train[0]
     if not (rising and falling):
         return None
-    lowest = min(sft, key=lambda r: float(r["summary"]["model"].get("eval_loss", math.inf)))
+    lowest = lowest_eval_loss(sft)
     return {"split": span[-1].get("split"), "patience": patience, "steps": [int(r["step"]) for r in span],
             "eval_loss": val, "train_loss": train, "step": int(span[-1]["step"]),
             "lowest_eval_loss_checkpoint": checkpoint_label(lowest), "lowest_eval_loss_step": int(lowest["step"]),

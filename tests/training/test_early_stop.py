@@ -5,6 +5,7 @@ by `eval_loss` then picks the lowest-loss checkpoint among those it wrote."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from train_fixtures import train_config, write_fixture_shards
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_early_stop_ends_an_overfitting_run_and_a_rerun_does_not_train_on(tmp_path):
     shards = write_fixture_shards(tmp_path / "shards", n_train=4, n_val=6, shards_per_split=1, seed=3)
     sft = tmp_path / "sft"
-    cfg = train_config(shards, sft, "train.max_steps=400", "train.save_every=20", "train.keep_last=50",
+    cfg = train_config(shards, sft, "train.max_steps=400", "train.save_every=20", "train.keep_last=2",
                        "train.early_stop=true", "train.lr=3e-3", "train.warmup_ratio=0.02",
                        f"evaluate.shards_dir={shards}", f"evaluate.out_dir={tmp_path / 'eval'}",
                        f"evaluate.store_dir={tmp_path / 'store'}", "evaluate.baselines=[]",
@@ -38,13 +39,15 @@ def test_early_stop_ends_an_overfitting_run_and_a_rerun_does_not_train_on(tmp_pa
     marker = json.loads((sft / EARLY_STOP_FILE).read_text())
     assert marker["step"] == stopped and "overfitting" in marker["message"]
     written = list_checkpoints(sft)
-    assert read_checkpoint_meta(written[-1])["step"] == stopped
+    assert read_checkpoint_meta(written[-1])["step"] == stopped and len(written) <= 3  # keep_last 2 + the lowest
 
     # every checkpoint was evaluated on val while training ran; the store holds them for the evaluate stage
     results = [evaluate_checkpoint(c, "val", cfg, refresh=False) for c in written]
     assert all(r.reused for r in results)
     best = pick_best(curve_runs(cfg, results[-1].result), "eval_loss")
     assert best["step"] == early["lowest_eval_loss_step"] < stopped
+    # issue 39 class 3: with keep_last below the patience window, the checkpoint the decision names is still there
+    assert Path(best["checkpoint"]).resolve() in [w.resolve() for w in written]
     assert best["summary"]["model"]["eval_loss"] == min(r.metrics["eval_loss"] for r in results)
 
     # a rerun of the same run (train.resume=auto) finds it ended and trains nothing

@@ -36,7 +36,7 @@ from training.dist import (
     set_determinism,
 )
 from training.engine import EngineSettings, build_engine
-from training.lifecycle import RunLifecycle
+from training.lifecycle import RunLifecycle, move_aside
 from training.rl import algo
 from training.rl.outputs import STAGE, STEP_METRICS, run_summary, write_outputs
 from training.rl.phases import PhaseClock
@@ -375,7 +375,7 @@ def run_rl(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_af
     report_dir = Path(cfg.rl.report_dir)
     if not cfg.orchestration.rl:
         root = Path(cfg.rl.out_dir)
-        moved = ckpt.move_aside(root, "orchestration.rl=false: this run has no RL checkpoints") \
+        moved = move_aside(cfg, root, "orchestration.rl=false: this run has no RL checkpoints") \
             if ckpt.has_checkpoints(root) else None
         root.mkdir(parents=True, exist_ok=True)
         summary = {"stage": STAGE, "enabled": False, "reason": "orchestration.rl is false",
