@@ -37,7 +37,7 @@ from vtg.answer import parse_answer
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.records import CanonicalRecord, read_records, write_jsonl
-from vtg.sources import Sources, UndeclaredFile, auto_source
+from vtg.sources import AmbiguousName, Sources, UndeclaredFile, auto_source, refuse_ambiguous
 from vtg.spans import temporal_iou
 from vtg.splits import split_of, stable_fraction
 
@@ -91,7 +91,14 @@ def _targets(cfg: PipelineConfig, by_video: dict[str, list[CanonicalRecord]], so
             r = recs[0]
             targets.append(Target(vid, r.video_path, r.video_owner, r.licence,
                                   statistics.median_low([x.duration_s for x in recs]), True))
-    for f in _video_files(cfg.annotate.videos):
+    files = _video_files(cfg.annotate.videos)
+    stems: dict[str, list[Path]] = {}
+    for f in files:
+        stems.setdefault(f.stem, []).append(f)
+    for stem, same in stems.items():  # a video's id is its file's stem: one id, one file
+        refuse_ambiguous(stem, same, "annotate.videos: the video id", "rename one of them (the id is the file name "
+                         "without its extension)")
+    for f in files:
         vid = f.stem
         if vid in by_video:
             skipped.append({"video_id": vid, "verdict": "has_records", "detail": f"{len(by_video[vid])} records"})
@@ -176,6 +183,8 @@ def _annotate(cfg: PipelineConfig, records: list[CanonicalRecord], t0: float, pr
             continue
         try:
             clips[t.video_id] = _clip(t, sources, cfg)
+        except AmbiguousName:
+            raise  # which file is meant is the user's to say: one line, before anything is written
         except (VTGError, OSError, ValueError) as e:
             rows.append({"video_id": t.video_id, "verdict": "unreadable_video", "detail": str(e).splitlines()[0]})
 

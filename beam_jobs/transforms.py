@@ -23,7 +23,7 @@ from beam_jobs.text_bias import add_stats, blind_iou, blind_predict, fold_of, no
 from beam_jobs.video import audit_records, build_windows, decode, too_short, video_signature
 from vtg.config.preprocess import DedupConfig, PreprocessConfig, TextBiasConfig
 from vtg.records import CanonicalRecord
-from vtg.sources import Sources
+from vtg.sources import AmbiguousName, Sources
 
 log = logging.getLogger(__name__)
 NS = "preprocess"
@@ -188,7 +188,11 @@ class ProcessVideoFn(beam.DoFn):
         stage = "group"
         try:
             records = sorted(records, key=lambda r: r.annotation_id)
-            paths = sorted({self.sources.resolve(r.video_owner, r.video_path) for r in records})
+            try:
+                paths = sorted({self.sources.resolve(r.video_owner, r.video_path) for r in records})
+            except AmbiguousName as e:  # a file of that name appeared in another of the source's roots
+                yield from self._fail(records, "group", "ambiguous_video_id", e)
+                return
             if len(paths) > 1:  # one id, two files: never merged (whose frames would the queries get?)
                 yield from self._fail(records, "group", "ambiguous_video_id", AmbiguousVideo(
                     f"video_id {video_id!r} names {len(paths)} files ({', '.join(paths)}): give each video its own id"))

@@ -94,13 +94,18 @@ def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
     return np.unique(idx)
 
 
-def sample_video(record: CanonicalRecord, profile: Profile, vision, cfg: PipelineConfig,
-                 sources: Sources) -> tuple[np.ndarray, list]:
+def video_files(records: list[CanonicalRecord], sources: Sources) -> dict[str, str]:
+    """Each record's video file (`ingest.sources` find it), before any work: a source that is not declared, or a
+    path two roots hold, is a configuration error of the whole command (one line, rc 2), never a video scored 0."""
+    return {rec.annotation_id: sources.resolve(rec.video_owner, rec.video_path) for rec in records}
+
+
+def sample_video(record: CanonicalRecord, path: str, profile: Profile, vision,
+                 cfg: PipelineConfig) -> tuple[np.ndarray, list]:
     """(frames, their presentation times in seconds from the video's start, `vtg.clock`) of one whole video under
-    `profile`: the frames chosen by index as the family's processor chooses them, each told its own time; `sources`
-    (`ingest.sources`) find the record's file."""
+    `profile` (`path`: its file, `video_files`): the frames chosen by index as the family's processor chooses them,
+    each told its own time."""
     from vtg.model.geometry import policy_frames
-    path = sources.resolve(record.video_owner, record.video_path)
     total, fps, height, width = video_facts(path)
     if fps <= 0 or total <= 0:
         raise VTGError(f"{path}: the decoder reports {total} frames at {fps} fps")
@@ -152,12 +157,13 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
                        "ingest.annotations=[<annotation file>] ingest.video_root=<videos> "
                        f"ingest.out={bench.records}`)")
     records = read_records(bench.records)  # not records (an annotation file): one line, before any work
-    ckpt = checkpoints.resolve_checkpoint(checkpoint)
-    meta = checkpoints.read_checkpoint_meta(ckpt)
     if bench.max_examples:
         records = records[: bench.max_examples]
     if not records:
         raise VTGError(f"{bench.records}: no records to score")
+    files = video_files(records, Sources.of(cfg.ingest.sources))
+    ckpt = checkpoints.resolve_checkpoint(checkpoint)
+    meta = checkpoints.read_checkpoint_meta(ckpt)
     device = resolve_device(bench.device)
     t0 = time.perf_counter()
     model, tokenizer = load_export(checkpoints.export_dir(ckpt), device)
@@ -166,12 +172,11 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
     vision = vision_params(model)
     max_new = profile.max_new_tokens or bench.max_new_tokens
     rows, clips, failed = [], [], []
-    sources = Sources.of(cfg.ingest.sources)
     for start in range(0, len(records), bench.batch_size):
         batch, kept = [], []
         for rec in records[start:start + bench.batch_size]:
             try:
-                frames, times = sample_video(rec, profile, vision, cfg, sources)
+                frames, times = sample_video(rec, files[rec.annotation_id], profile, vision, cfg)
             except VTGError as e:  # a broken video: counted, scored 0 (a benchmark never drops a query)
                 failed.append({"annotation_id": rec.annotation_id, "video_id": rec.video_id, "error": str(e)})
                 rows.append({"key": rec.annotation_id, "query": rec.query, "video_id": rec.video_id,

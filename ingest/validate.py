@@ -13,7 +13,7 @@ from ingest import reasons as R
 from ingest.items import RawItem, visible
 from ingest.videos import VideoIndex
 from vtg.records import CanonicalRecord
-from vtg.sources import SourceDecl, Sources
+from vtg.sources import AmbiguousName, SourceDecl, Sources
 
 Probe = Callable[[str], tuple[float | None, str]]
 
@@ -109,6 +109,16 @@ def record_source(item: RawItem, file_source: SourceDecl, sources: Sources) -> S
 
 def to_record(item: RawItem, source: SourceDecl, sources: Sources, annotation_file: str, videos: VideoIndex,
               tolerance: float, probe: Probe, query_limit: QueryLimit | None = None) -> tuple[CanonicalRecord, bool]:
+    """`_to_record`; a path that two of its source's roots hold (`vtg.sources.AmbiguousName`) is the dead letter
+    `ambiguous_video_id` naming both files, never a record of the first one."""
+    try:
+        return _to_record(item, source, sources, annotation_file, videos, tolerance, probe, query_limit)
+    except AmbiguousName as e:
+        raise Invalid(R.AMBIGUOUS_VIDEO, str(e)) from None
+
+
+def _to_record(item: RawItem, source: SourceDecl, sources: Sources, annotation_file: str, videos: VideoIndex,
+               tolerance: float, probe: Probe, query_limit: QueryLimit | None = None) -> tuple[CanonicalRecord, bool]:
     """(record, whether a window end was clipped to the duration); raises `Invalid`. `source` holds the annotation
     file (`annotation_file`: `<format>:<path under its root>`); the record's video path is stored relative to its
     source's root."""

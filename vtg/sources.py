@@ -108,6 +108,19 @@ class UndeclaredFile(VTGError):
     """A file under no declared source's root."""
 
 
+class AmbiguousName(VTGError):
+    """One name (a relative path, an id, a file stem) that would name two different files."""
+
+
+def refuse_ambiguous(name: str, files: Iterable[str | Path], what: str, fix: str) -> None:
+    """The one rule of every resolver (a record's root, a file's source, an id's video, annotate's inputs): a
+    name that names two different files is refused with both named, never resolved to the first found."""
+    distinct = sorted({_real(f) for f in files})
+    if len(distinct) > 1:
+        raise AmbiguousName(f"{what} {name!r} names {len(distinct)} different files ({', '.join(distinct)}): "
+                            f"{fix}")
+
+
 def _real(path: str | Path) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
 
@@ -143,9 +156,15 @@ class Sources:
     def owner_of(self, path: str | Path) -> tuple[SourceDecl, str]:
         """(the source whose root holds `path`, the path relative to that root, POSIX); `UndeclaredFile` else."""
         real = _real(path)
-        for root, decl in self._roots():
-            if _inside(real, root):
-                return decl, Path(os.path.relpath(real, root)).as_posix()
+        holders = [(root, decl) for root, decl in self._roots() if _inside(real, root)]
+        if holders:
+            root, decl = holders[0]  # the deepest root: a root nested in another's names its own source
+            others = sorted({d.id for r, d in holders if r == root and d.id != decl.id})
+            if others:  # two sources share that root (two annotation sets over one video folder, say)
+                raise AmbiguousName(f"{path}: under {root}, which sources {' and '.join([decl.id, *others])} both "
+                                    "declare: which source (and licence) it has is ambiguous; give the file's source "
+                                    "a folder of its own, or name the record's source")
+            return decl, Path(os.path.relpath(real, root)).as_posix()
         declared = "; ".join(f"{d.id}: {', '.join(d.roots)}" for d in self.decls.values()) or "none"
         raise UndeclaredFile(f"{path}: belongs to no declared data source (declared roots: {declared}). Declare the "
                              "source it comes from, with its licence, in ingest.sources "
@@ -153,13 +172,17 @@ class Sources:
                              "`ingest.sources=[{id: my-set, licence: CC-BY-4.0, origin: <url>, roots: [<dir>]}]`")
 
     def relative(self, source_id: str, path: str | Path) -> str | None:
-        """`path` relative to the first of the source's roots that holds it (POSIX), or None when none does."""
+        """`path` relative to the first of the source's roots that holds it (POSIX), or None when none does. The
+        relative path must name this file alone: when another of the source's roots holds a different file of
+        that name, `resolve` could not tell them apart, so it is `AmbiguousName` naming both."""
         for norm in (os.path.abspath, _real):  # the path as given (a symlink keeps its name), then resolved
             p = norm(os.path.expanduser(str(path)))
             for r in self.decls[source_id].roots:
                 root = norm(os.path.expanduser(r))
                 if _inside(p, root):
-                    return Path(os.path.relpath(p, root)).as_posix()
+                    rel = Path(os.path.relpath(p, root)).as_posix()
+                    self.resolve(source_id, rel)  # refuses a name two roots hold
+                    return rel
         return None
 
     def resolve(self, source_id: str, rel: str) -> str:
@@ -173,11 +196,10 @@ class Sources:
                                  f"(declared: {', '.join(self.decls) or 'none'}): run with the ingest.sources that "
                                  "ingest ran with (its paths are relative to that source's roots)")
         roots = self.decls[source_id].roots
-        for r in roots:
-            p = os.path.join(r, rel)
-            if os.path.exists(p):
-                return p
-        return os.path.join(roots[0], rel)
+        found = [p for p in (os.path.join(r, rel) for r in roots) if os.path.exists(p)]
+        refuse_ambiguous(rel, found, f"source {source_id!r}: the record's path",
+                         "keep one of them, or give the two roots' files different relative paths (a subfolder)")
+        return found[0] if found else os.path.join(roots[0], rel)
 
 
 def describe(rows: Sequence[dict]) -> str:

@@ -179,7 +179,8 @@ def check_every_path(model, tokenizer, project: dict, cfg_overrides: tuple[str, 
         truth = TRUTH[rec.video_id]
         assert abs(rec.duration_s - (truth[-1] + (truth[-1] - truth[-2]))) < 1e-3, rec  # ingest: the same clock
         for profile in ("full_video", "lmms_eval_charades"):
-            frames, times = sample_video(rec, load_profile(profile), vision, cfg, sources)
+            path = sources.resolve(rec.video_owner, rec.video_path)
+            frames, times = sample_video(rec, path, load_profile(profile), vision, cfg)
             assert all(any(abs(t - p) < 1e-3 for p in truth) for t in times), (rec.video_id, profile, times)
             enc = encode_example(tokenizer, frames, times, rec.query, None, vision=vision)
             hows.add(check_given(enc, tokenizer, vision, times, f"{rec.video_id} benchmark {profile}"))
