@@ -22,6 +22,7 @@ from rich.table import Table
 
 from annotate.run import run
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+from vtg.stages import stage_outputs
 
 
 def summarize(summary: dict) -> Table:
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "python -m annotate"
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
+    cfg = cfg.model_copy(update={"annotate": stage_outputs("annotate", cfg)})
     summary = run(cfg, progress=cfg.annotate.progress)
     Console().print(summarize(summary))
     a = cfg.annotate

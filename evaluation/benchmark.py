@@ -16,11 +16,13 @@ each video once over its full duration, and scores one answer per query under a 
 
 Every result carries its harness card (`vtg.harness`, protocol `full_video`, the profile named) and 95% bootstrap
 intervals; two results under different cards are never ranked against each other (`require_comparable`).
-Outputs: `<benchmark.out_dir>/<checkpoint>-<profile>/` metrics.json, predictions.jsonl, summary.md.
+Outputs: `<benchmark.out_dir>/<checkpoint>-<profile>-<records stem>-<key>/` (keyed by the records' and the
+checkpoint's content) metrics.json, predictions.jsonl, summary.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -206,7 +208,10 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
               "stage": meta.get("stage") or "sft", "split": card["data"]["split"], "profile": profile.name,
               "summary": {"model": metrics, "intervals": {"model": ci}, "harness": card,
                           "counts": {"records": len(records), "scored": len(rows), "video_errors": len(failed)}},
-              "harness_digest": card_digest(card), "seconds": time.perf_counter() - t0, "errors": failed}
+              "harness_digest": card_digest(card), "seconds": time.perf_counter() - t0, "errors": failed,
+              "inputs": {"records": str(bench.records), "records_digest": file_digest(bench.records),
+                         "checkpoint_dir": str(ckpt),
+                         "checkpoint_meta_digest": file_digest(ckpt / checkpoints.META_FILE)}}
     if profile.metric_names:
         result["as_reported"] = {profile.metric_names[m]: round(metrics[m] * profile.scale, 2)
                                  for m in profile.metric_names}
@@ -215,7 +220,14 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
 
 
 def _out_dir(result: dict, cfg: PipelineConfig) -> Path:
-    return Path(cfg.benchmark.out_dir) / f"{result['checkpoint'].replace('/', '-')}-{result['profile']}"
+    """`<out_dir>/<checkpoint>-<profile>-<records stem>-<key>`: keyed by what the result was computed from (the
+    records file's content, the checkpoint's meta.json, which lists every file's digest, and the profile), so a
+    run on other records or another checkpoint at the same step never overwrites this one."""
+    inputs = result["inputs"]
+    key = hashlib.sha256(f"{inputs['records_digest']}:{inputs['checkpoint_meta_digest']}:{result['profile']}"
+                         .encode()).hexdigest()[:8]
+    name = f"{result['checkpoint'].replace('/', '-')}-{result['profile']}-{Path(inputs['records']).stem}-{key}"
+    return Path(cfg.benchmark.out_dir) / name
 
 
 def _write(result: dict, rows: list[dict], cfg: PipelineConfig) -> Path:

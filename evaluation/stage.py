@@ -55,6 +55,7 @@ from vtg.io import write_json_atomic
 from vtg.rl_outputs import STEPS_CSV as RL_STEPS_CSV
 from vtg.selection import overfit_signal
 from vtg.sources import Sources
+from vtg.stages import stage_outputs
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.md"
@@ -108,7 +109,8 @@ def run_stage(cfg: PipelineConfig) -> dict:
         rl_path = Path(rl_best["checkpoint"]).resolve()
         comparison = _comparison(cfg, tested[rl_path], tested.get(sft_parent) if sft_parent else None,
                                  parent_problem, overall_best=rl_path == best_path)
-    rl_steps = read_rl_steps(Path(cfg.rl.report_dir) / RL_STEPS_CSV) if cfg.orchestration.rl else []
+    report_dir = stage_outputs("rl", cfg).report_dir  # where `python -m training.rl` wrote them
+    rl_steps = read_rl_steps(Path(report_dir) / RL_STEPS_CSV) if cfg.orchestration.rl else []
     overfit = overfit_signal(curve_runs(cfg, best_val), cfg.evaluate.overfit_patience)
     _write_outputs(cfg, test, best_val, comparison, rl_steps, overfit)
     summary = summary_markdown(test, val, comparison, overfit)

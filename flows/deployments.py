@@ -16,8 +16,8 @@ import sys
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.errors import VTGError
-from vtg.net import check_prefect_api
 from vtg.lineage import CHECKPOINT_EVENT
+from vtg.net import check_prefect_api
 
 EVENT_PARAMETERS = {
     "checkpoint_dir": "{{ event.payload.checkpoint_dir }}",

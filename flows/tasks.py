@@ -97,28 +97,30 @@ def build_corpus(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> d
 
 @_stage_task("ingest-annotations")
 def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
-    if cached := _up_to_date("ingest", cfg, {"summary": _read_json(cfg.ingest.summary)}, parent):
+    summary_path = stages.stage_outputs("ingest", cfg).summary  # where the CLI writes it
+    if cached := _up_to_date("ingest", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
     r = run_stage("ingest", module_cmd(cfg.orchestration.stages.ingest, args.argv()), on_line=_stream("ingest"))
     _record("ingest", cfg)
-    summary = _read_json(cfg.ingest.summary)
+    summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "ingest", params={"ingest": cfg.ingest.model_dump(mode="json")},
                                 metrics={**_numbers(summary), "seconds": r.seconds},
-                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[cfg.ingest.summary])
+                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[summary_path])
     return {"summary": summary, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
 @_stage_task("annotate")
 def annotate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: str) -> dict:
     """Automatic annotation (a pass-through when `annotate.enabled` is false)."""
-    if cached := _up_to_date("annotate", cfg, {"summary": _read_json(cfg.annotate.summary)}, parent):
+    summary_path = stages.stage_outputs("annotate", cfg).summary  # where the CLI writes it
+    if cached := _up_to_date("annotate", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
     r = run_stage("annotate", module_cmd(cfg.orchestration.stages.annotate, args.argv()), on_line=_stream("annotate"))
     _record("annotate", cfg)
-    summary = _read_json(cfg.annotate.summary)
+    summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "annotate", params={"annotate": cfg.annotate.model_dump(mode="json")},
                                 metrics={**_numbers(summary), "seconds": r.seconds},
-                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[cfg.annotate.summary])
+                                tags={lineage.TAG_SOURCE_DIGEST: source}, artifacts=[summary_path])
     return {"summary": summary, "seconds": r.seconds, "mlflow_run_id": run_id}
 
 
@@ -195,12 +197,13 @@ def train(cfg: PipelineConfig, args: ConfigArgs, evaluator: CheckpointEvaluator)
 def _tuned(cfg: PipelineConfig) -> dict:
     """What the rl stage left: its newest checkpoint (meta: the RL run, the SFT checkpoint it started from) and
     its summary."""
-    summary = _read_json(Path(cfg.rl.report_dir) / RL_SUMMARY)
+    report_dir = stages.stage_outputs("rl", cfg).report_dir  # where the CLI writes it
+    summary = _read_json(Path(report_dir) / RL_SUMMARY)
     latest = checkpoints.latest_checkpoint(cfg.rl.out_dir) if Path(cfg.rl.out_dir).is_dir() else None
     meta = checkpoints.read_checkpoint_meta(latest) if latest else {}
     parent = checkpoints.parent_checkpoint(latest, meta) if meta.get("parent_checkpoint") else None
     if parent is None and summary.get("parent_checkpoint"):
-        parent = resolve_ref(summary["parent_checkpoint"], cfg.rl.report_dir)
+        parent = resolve_ref(summary["parent_checkpoint"], report_dir)
     return {"enabled": bool(summary.get("enabled", cfg.orchestration.rl)), "out_dir": cfg.rl.out_dir,
             "latest_checkpoint": str(latest) if latest else None, "rl_run_id": meta.get("mlflow_run_id"),
             "start_checkpoint": str(parent) if parent else None,

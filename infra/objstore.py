@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from vtg.cli_common import run_cli
-from vtg.net import s3_client
 from vtg.errors import VTGError
+from vtg.net import s3_client
 from vtg.shards import SHARD_PATTERN
 
 CHUNK = 1 << 20

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from vtg.cli_common import run_cli
 from vtg.errors import ConfigError
 from vtg.io import load_yaml

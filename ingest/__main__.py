@@ -18,7 +18,7 @@ from rich.table import Table
 from ingest import ingest
 from ingest.validate import QueryLimit
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
-from vtg.errors import VTGError
+from vtg.stages import stage_outputs
 
 
 def summarize(summary: dict) -> Table:
@@ -43,14 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "python -m ingest"
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
-    limit = QueryLimit.for_base(cfg.train.model.base, cfg.ingest.max_query_tokens)
-    summary = ingest(cfg.ingest, progress=True, query_limit=limit)
+    icfg = stage_outputs("ingest", cfg)
+    limit = QueryLimit.for_base(cfg.train.model.base, icfg.max_query_tokens)
+    summary = ingest(icfg, progress=True, query_limit=limit, require_records=True)
     Console().print(summarize(summary))
-    print(f"records -> {cfg.ingest.out}; dead letters -> {cfg.ingest.dead_letter}; summary -> {cfg.ingest.summary}")
-    if summary["records"] == 0:  # fail here, not two stages later in training
-        reasons = ", ".join(f"{k} {v}" for k, v in summary["by_reason"].items()) or "no input lines"
-        raise VTGError(f"ingest: no usable record out of {summary['inputs']} input line(s) ({reasons}); every line is "
-                       f"in {cfg.ingest.dead_letter} with its error: fix the annotations or ingest.annotations")
+    print(f"records -> {icfg.out}; dead letters -> {icfg.dead_letter}; summary -> {icfg.summary}")
     return 0
 
 

@@ -112,16 +112,19 @@ def source_table(sources: Sources, counts: Counter[str]) -> dict:
 
 
 def ingest(cfg: IngestConfig, progress: bool = False, probe: Probe = probe_duration,
-           query_limit: QueryLimit | None = None) -> dict:
+           query_limit: QueryLimit | None = None, require_records: bool = False) -> dict:
     """Run ingest with `cfg`; writes `cfg.out`, `cfg.dead_letter`, `cfg.summary` and returns the summary. The
-    stage (`python -m ingest`) checks query lengths for the configured model (`QueryLimit.for_base`)."""
+    stage (`python -m ingest`) checks query lengths for the configured model (`QueryLimit.for_base`).
+    `require_records` (the CLI): no usable record is an error, and then none of the three files is touched (the
+    last good run's stay); the dead letters that say why go to a folder of their own beside them."""
     try:
-        return _ingest(cfg, progress, probe, query_limit)
+        return _ingest(cfg, progress, probe, query_limit, require_records)
     except OSError as e:
         raise VTGError(f"{e.filename}: {e.strerror or e}; check the ingest.* paths") from None
 
 
-def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryLimit | None) -> dict:
+def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryLimit | None,
+            require_records: bool = False) -> dict:
     t0 = time.perf_counter()
     files = expand_annotation_paths(cfg.annotations)
     sources = Sources.of(cfg.sources)
@@ -139,6 +142,15 @@ def _ingest(cfg: IngestConfig, progress: bool, probe: Probe, query_limit: QueryL
                    for f in files]
     inputs = sum(t.inputs for t in tallies)
     assert inputs == len(records) + len(dead), "ingest lost items: inputs != records + dead letters"
+    by_reason0 = Counter(d["reason"] for d in dead)
+    if require_records and not records:  # fail here, not two stages later in training; overwrite nothing
+        failed = Path(cfg.dead_letter).parent / f"ingest-failed-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        if dead:
+            _write_jsonl(failed / Path(cfg.dead_letter).name, dead)
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason0.items())) or "no input lines"
+        raise VTGError(f"ingest: no usable record out of {inputs} input line(s) ({reasons}); "
+                       + (f"every line is in {failed / Path(cfg.dead_letter).name} with its error; " if dead else "")
+                       + f"{cfg.out} and the other outputs are unchanged: fix the annotations or ingest.annotations")
     _write_jsonl(Path(cfg.out), records)
     _write_jsonl(Path(cfg.dead_letter), dead)
     by_reason = Counter(d["reason"] for d in dead)

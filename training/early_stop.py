@@ -16,9 +16,9 @@ import json
 import logging
 from pathlib import Path
 
+from vtg import checkpoints as ckpt
 from vtg.config import PipelineConfig
 from vtg.io import write_json_atomic
-from vtg import checkpoints as ckpt
 from vtg.selection import SELECTION_SPLIT, lowest_eval_loss, overfit_signal
 
 log = logging.getLogger(__name__)

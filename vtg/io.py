@@ -79,6 +79,6 @@ def load_yaml(text: str, source: str | os.PathLike = "<yaml>") -> Any:
     from vtg.errors import ConfigError
 
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except DuplicateKeyError as e:
         raise ConfigError(f"{source}: {e}") from None

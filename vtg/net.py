@@ -61,7 +61,7 @@ def bound_clients(timeout_s: float = NETWORK_TIMEOUT_S) -> None:
     import os
 
     os.environ[TIMEOUT_ENV] = f"{timeout_s:g}"
-    t = str(max(1, int(round(timeout_s))))
+    t = str(max(1, round(timeout_s)))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", t)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")

@@ -284,3 +284,49 @@ def sync_params(name: str, cfg, root: str | Path = ".") -> bool:
         log.warning("dvc.lock records %s's params as run (they differ from %s); `dvc status` shows them as "
                     "changed until `dvc repro` rebuilds from %s", name, PARAMS_FILE, PARAMS_FILE)
     return True
+
+
+# ---- side commands -------------------------------------------------------------------------------------------
+def side_outputs(name: str, section, primary: str, others: tuple[str, ...], root: str | Path | None = None):
+    """A stage CLI writes the stage's declared outs only when it is that stage: when its primary output (`primary`,
+    a field of the config `section`) is not one of the stage's outs in dvc.yaml, it is a side command (the
+    benchmark's `python -m ingest ... ingest.out=data/benchmark/records.jsonl`), and each of its other outputs
+    (`others`) still at a path any stage declares moves beside the primary output: `<primary stem>.<field><ext>`.
+    Returns the section to run with (the same one for the stage itself). The one rule for every stage CLI."""
+    try:
+        graph = load_graph(root)
+    except VTGError:
+        return section  # no stage graph here (a project of the user's own): nothing to protect
+    base = find_dvc_yaml(root).parent.resolve()
+
+    def norm(p: str | Path) -> Path:
+        p = Path(p)
+        return (p if p.is_absolute() else Path.cwd() / p).resolve()
+
+    if name not in graph or norm(getattr(section, primary)) in {norm(base / o) for o in graph[name].outs}:
+        return section
+    declared = {norm(base / o) for st in graph.values() for o in st.outs}
+    first = norm(getattr(section, primary))
+    moved = {}
+    for key in others:
+        p = norm(getattr(section, key))
+        if p in declared or any(d in p.parents or p in d.parents for d in declared):
+            moved[key] = str(first.with_name(f"{first.stem}.{key}{Path(getattr(section, key)).suffix}"))
+    if moved:
+        log.info("%s writes %s=%s, not the stage's output: a side command, so its %s go beside it (%s), not over "
+                 "the %s stage's outs", name, primary, getattr(section, primary), ", ".join(moved),
+                 ", ".join(moved.values()), name)
+    return section.model_copy(update=moved)
+
+
+SIDE_OUTPUTS = {"ingest": ("out", ("dead_letter", "summary")),
+                "annotate": ("out", ("proposals", "withheld", "summary")),
+                "rl": ("out_dir", ("report_dir",))}
+"""Per stage whose CLI writes several files: its primary output field and the others (`side_outputs`)."""
+
+
+def stage_outputs(name: str, cfg):
+    """The stage section `cfg.<name>` as the stage's CLI runs it (`side_outputs`): what the CLI writes and what
+    the flow reads back are the same paths."""
+    primary, others = SIDE_OUTPUTS[name]
+    return side_outputs(name, getattr(cfg, name), primary, others)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
+from vtg.stages import stage_outputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher
     args = parser.parse_args(argv)
     cfg = resolve_config(args)
+    cfg = cfg.model_copy(update={"rl": stage_outputs("rl", cfg)})  # a side run's reports go beside its checkpoints
     from training.rl.loop import run_rl
 
     summary = run_rl(cfg, stop_after=args.stop_after)

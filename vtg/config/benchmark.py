@@ -31,4 +31,5 @@ class BenchmarkConfig(Section):
     """`auto` (cuda when available), `cpu`, `cuda` or `cuda:<i>`."""
     out_dir: str = Field("reports/benchmark", json_schema_extra=NOT_OUTPUT)
     """metrics.json (with its harness card and intervals), predictions.jsonl and summary.md per checkpoint and
-    profile: `<out_dir>/<checkpoint>-<profile>/`."""
+    profile: `<out_dir>/<checkpoint>-<profile>-<records stem>-<key>/` (key: the records' and the checkpoint's
+    content, so no run overwrites another's)."""

@@ -13,7 +13,7 @@ class IngestConfig(Section):
     """Every data source, declared once: id, licence (SPDX id or `LicenseRef-<name>`), origin (URL or citation),
     terms of use and the roots its annotation files and videos live under (`vtg.sources`). An annotation file under
     no root is refused; records carry the source id and licence, and paths relative to the root."""
-    annotations: list[str] = Field(default_factory=lambda: ["data/raw/synthetic/annotations"])
+    annotations: list[str] = Field(default_factory=lambda: ["data/raw/synthetic/annotations"], min_length=1)
     """Annotation files or directories of them (Charades-STA .txt, QVHighlights .jsonl, ActivityNet .json, native .jsonl)."""
     format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"
     """Annotation format; `auto` decides by extension and content."""
