@@ -32,7 +32,7 @@ from vtg.config._base import output_view, view_hash
 from vtg.errors import VTGError
 from vtg.io import file_digest, tree_digest, write_json_atomic
 from vtg.records import write_jsonl
-from vtg.selection import overfit_signal, train_loss_of_meta
+from vtg.selection import check_judged_on_training_data, overfit_signal, train_loss_of_meta
 from vtg.shards import list_shards
 
 log = logging.getLogger(__name__)
@@ -258,6 +258,8 @@ def evaluate_checkpoint(checkpoint_dir: str | Path, split: str | None = None,
     split = split or cfg.evaluate.split
     meta = checkpoints.read_checkpoint_meta(checkpoint_dir)  # a half-written or corrupt checkpoint stops here
     ckpt = checkpoints.resolve_checkpoint(checkpoint_dir)
+    if not adhoc:  # a result that selects (best, RL's start, early stop) is judged on the training data
+        check_judged_on_training_data(cfg, meta.get("data_version"), f"evaluating {ckpt.name} for selection")
     digests = (_checkpoint_digest(ckpt), _data_digest(cfg, split))
     key = store.eval_key(digests[0], split, settings_hash(cfg), digests[1])
     with store.locked(cfg.evaluate.store_dir, key):

@@ -54,7 +54,7 @@ from vtg.model.modeling import (
 from vtg.model.packing import check_packable, is_packed, packed_inputs, rope_owner
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from vtg.model.teach import teach_if_tiny
-from vtg.selection import TRAIN_LOSS_AVG, window_mean
+from vtg.selection import TRAIN_LOSS_AVG, check_judged_on_training_data, window_mean
 from vtg.shards import data_sources, data_version
 
 log = logging.getLogger("training")
@@ -126,6 +126,8 @@ class Trainer:
         self.one_row = getattr(self.model.config, "_attn_implementation", "") == "flash_attention_2"
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
+        if self.tcfg.early_stop:  # the decision on val must be made on this data (before any work)
+            check_judged_on_training_data(self.cfg, self.data_version, "train.early_stop")
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
                                       if self.dist.is_main else None, self.dist)
         self.git_commit = lineage.git_commit()

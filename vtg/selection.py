@@ -128,3 +128,21 @@ def overfit_signal(results: Sequence[dict], patience: int) -> dict | None:
                         f"{' -> '.join(f'{v:.4f}' for v in val)}) while the training loss fell "
                         f"({train[0]:.4f} -> {train[-1]:.4f}); the lowest eval loss was at "
                         f"{checkpoint_label(lowest)}")}
+
+
+def check_judged_on_training_data(cfg, trained_on: str | None, judge: str) -> None:
+    """A decision made on val (early stop, the RL start checkpoint, the evaluate stage's best) uses the data the
+    checkpoint was trained on: the data version of `evaluate.shards_dir` (all its splits) must be the one the
+    checkpoint records (`trained_on`, from `train.shards_dir`). Otherwise one line naming both, before any work;
+    an ad-hoc evaluation on other data (`python -m evaluation --checkpoint ...`) is not a decision and may."""
+    from vtg.errors import VTGError
+    from vtg.shards import data_version
+
+    if not trained_on:
+        return
+    judged = data_version(cfg.evaluate.shards_dir)
+    if judged != trained_on:
+        raise VTGError(f"{judge} judges on evaluate.shards_dir={cfg.evaluate.shards_dir} (data {judged[:12]}), but "
+                       f"the training data is {trained_on[:12]} (train.shards_dir={cfg.train.shards_dir}): set "
+                       "evaluate.shards_dir to the shards training reads, or evaluate ad hoc (`python -m evaluation "
+                       "--checkpoint ...`)")
