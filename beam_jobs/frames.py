@@ -22,11 +22,18 @@ def window_candidates(cand_t: np.ndarray, start: float, end: float) -> np.ndarra
 
 def uniform_frames(cand_t: np.ndarray, start: float, end: float, num_frames: int,
                    fps: float = 0.0) -> np.ndarray:
-    """Candidate positions nearest to evenly spaced times in [start, end)."""
+    """Candidate positions nearest to `n` evenly spaced times from the window's first frame to its last, as the
+    families' processors and their published inference code sample a clip (`linspace(0, total - 1, n)` over its
+    frames, qwen-vl-utils and transformers' video processors): the first temporal patch starts at the window's
+    start, where the answer's clock starts, in training as at inference (issue 35; bin centres, the rule before,
+    put a window's first frame 0.25-0.5 s in, so a tiny model never saw the first patch at time 0 and failed on
+    whole videos, which start there)."""
     length = end - start
     n = max(1, round(length * fps)) if fps > 0 else num_frames
-    targets = start + (np.arange(n) + 0.5) * length / n
     pool = window_candidates(cand_t, start, end)
+    if len(pool) == 0:
+        return pool
+    targets = np.linspace(cand_t[pool[0]], cand_t[pool[-1]], n)
     return np.unique(pool[nearest(cand_t[pool], targets)])
 
 

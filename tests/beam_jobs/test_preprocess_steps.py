@@ -109,7 +109,8 @@ def test_windows_cut_at_scene_bounds_outside_moments():
 def test_uniform_and_adaptive_frames_share_the_budget():
     cand_t = np.arange(80) / 8.0
     u = frames.uniform_frames(cand_t, 0.0, 10.0, 8)
-    assert list(cand_t[u]) == [0.625, 1.875, 3.125, 4.375, 5.625, 6.875, 8.125, 9.375]
+    # the processors' rule: linspace from the window's first frame to its last (issue 35)
+    assert list(cand_t[u]) == [0.0, 1.375, 2.875, 4.25, 5.625, 7.0, 8.5, 9.875]
     assert len(frames.uniform_frames(cand_t, 0.0, 10.0, 8, fps=2.0)) == 20
     change = np.zeros(80)
     change[40:44] = 50.0  # a burst of change at 5.0-5.5 s
