@@ -36,8 +36,9 @@ class VideoIndex:
                     folders.setdefault(stem, set()).add(key[1])
         self.paths = {stem: Path(p).as_posix() for stem, (_, p) in found.items()}
         self.ambiguous = {stem: sorted(Path(p).as_posix() for p in files) for stem, files in folders.items()
-                          if len({os.path.dirname(p) for p in files}) > 1}
-        """Ids with files in more than one folder: which one a record means is not known, so none is taken."""
+                          if len({os.path.realpath(p) for p in files}) > 1}
+        """Ids that name more than one file (in two folders, or `a.mp4` and `a.mkv` in one): which one a record
+        means is not known, so none is taken (`vtg.sources.refuse_ambiguous`'s rule)."""
 
     def locate(self, video_id: str) -> str | None:
         return self.paths.get(video_id)

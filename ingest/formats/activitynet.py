@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from ingest.items import Parsed, RawItem, Rejected, as_number, as_windows
+from ingest.items import Parsed, RawItem, Rejected, as_id, as_number, as_windows
 from ingest.items import lines as text_lines
 from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
 
@@ -30,6 +30,11 @@ def key_lines(text: str) -> dict[str, int]:
 
 def _entry(vid: str, entry: object) -> Iterator[tuple[str, RawItem | Rejected]]:
     """(raw text of the item, item) for each sentence of one video's entry."""
+    try:
+        as_id(vid, "the video key")
+    except TypeError as e:
+        yield json.dumps({vid: entry}), Rejected(UNPARSABLE, str(e), None)
+        return
     if not isinstance(entry, dict) or not {"timestamps", "sentences"} <= entry.keys():
         yield json.dumps({vid: entry}), Rejected(UNPARSABLE, "entry needs `timestamps` and `sentences`", vid)
         return

@@ -90,6 +90,15 @@ def test_ingest_of_an_id_two_folders_hold(matrix):
     assert "a/clip.mp4" in dead["x"]["detail"] and "b/clip.mp4" in dead["x"]["detail"]
 
 
+def test_ingest_of_an_id_with_two_extensions_in_one_folder(matrix):
+    """Found by the probe: `a.mp4` and `a.mkv` side by side were resolved to the .mp4."""
+    (matrix["a"].parent / "clip.mkv").write_bytes(b"video A, another container")
+    matrix["b"].unlink()
+    records, dead = _ingest(matrix, [{"annotation_id": "x", "video_id": "clip"}])
+    assert not records and dead["x"]["reason"] == "ambiguous_video_id"
+    assert "a/clip.mp4" in dead["x"]["detail"] and "a/clip.mkv" in dead["x"]["detail"]
+
+
 def test_annotate_inputs_with_one_stem(matrix):
     from annotate.run import _targets
 

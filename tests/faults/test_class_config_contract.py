@@ -80,16 +80,23 @@ def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path, reader):
 
 # ---- an override replaces what it names ----------------------------------------------------------------------
 def test_a_mapping_override_replaces_the_mapping():
-    cfg = load_config(REPO / "params.yaml", None, ["preprocess.split_fractions={train: 0.9, test: 0.1}"])
-    assert cfg.preprocess.split_fractions == {"train": 0.9, "test": 0.1}  # no val 0.2 kept from the default
+    # merged into the default, val 0.2 would have been kept (and the sum 1.2 silently normalised)
+    with pytest.raises(ConfigError, match=r"no share to val"):
+        load_config(REPO / "params.yaml", None, ["preprocess.split_fractions={train: 0.9, test: 0.1}"])
+    cfg = load_config(REPO / "params.yaml", None, ["preprocess.split_fractions={train: 0.8, val: 0.1, test: 0.1}"])
+    assert cfg.preprocess.split_fractions == {"train": 0.8, "val": 0.1, "test": 0.1}
 
 
 def test_an_experiment_file_replaces_a_mapping_field_and_merges_sections(tmp_path):
     _write(tmp_path / "experiments" / "e.yaml", "preprocess:\n  split_fractions: {train: 0.8, val: 0.2}\n"
                                                 "train:\n  lr: 0.5\n")
+    _write(tmp_path / "experiments" / "f.yaml", "preprocess:\n  split_fractions: {train: 0.7, val: 0.2, test: 0.1}\n"
+                                                "train:\n  lr: 0.5\n")
     params = _write(tmp_path / "params.yaml", (REPO / "params.yaml").read_text())
-    cfg = load_config(params, "e")
-    assert cfg.preprocess.split_fractions == {"train": 0.8, "val": 0.2}
+    with pytest.raises(ConfigError, match=r"no share to test"):  # test 0.2 not merged in from params.yaml
+        load_config(params, "e")
+    cfg = load_config(params, "f")
+    assert cfg.preprocess.split_fractions == {"train": 0.7, "val": 0.2, "test": 0.1}
     assert cfg.train.lr == 0.5 and cfg.train.seed == load_config(REPO / "params.yaml").train.seed  # merged
 
 
@@ -101,9 +108,9 @@ def test_a_dotted_override_inside_a_mapping_replaces_only_that_entry():
         {k: v for k, v in default.items() if k != "dataflow"}
 
 
-@pytest.mark.parametrize("fractions", ["{train: 0.9, val: 0.2, test: 0.1}", "{train: 0.5, test: 0.1}"])
+@pytest.mark.parametrize("fractions", ["{train: 0.9, val: 0.2, test: 0.1}", "{train: 0.5, val: 0.2, test: 0.1}"])
 def test_split_fractions_must_sum_to_one(fractions):
-    with pytest.raises(ConfigError, match=r"split_fractions .* sum to 1\.2|sum to 0\.6"):
+    with pytest.raises(ConfigError, match=r"split_fractions .* sum to 1\.2|sum to 0\.8"):
         load_config(REPO / "params.yaml", None, [f"preprocess.split_fractions={fractions}"])
 
 
@@ -137,6 +144,12 @@ def test_max_steps_below_the_checkpoint_refuses_and_keeps_it(tmp_path, section, 
     msg = str(e.value)
     assert f"{section}.max_steps=20 is below" in msg and "step 30" in msg and "\n" not in msg
     assert step.is_dir() and ckpt.is_complete(step, verify=True)  # kept, not moved
+
+
+@pytest.mark.parametrize("fractions", ["{train: 1.0}", "{train: 0.8, val: 0.2, test: 0.0}"])
+def test_every_split_a_stage_reads_needs_a_share(fractions):
+    with pytest.raises(ConfigError, match=r"no share to"):
+        load_config(REPO / "params.yaml", None, [f"preprocess.split_fractions={fractions}"])
 
 
 def test_max_steps_at_the_checkpoint_is_done_not_an_error(tmp_path):

@@ -75,6 +75,23 @@ def test_a_native_id_that_is_not_an_id_is_a_dead_letter(tmp_path, field, value):
     assert bad["reason"] == "unparsable" and field in bad["detail"]
 
 
+def test_an_activitynet_entry_with_an_empty_video_key_is_unparsable(tmp_path):
+    """Found by the probe: the key "" was looked up as a video id (missing_video)."""
+    ann = tmp_path / "an.json"
+    entry = {"duration": 5.0, "timestamps": [[0.5, 1.5]], "sentences": ["a person opens a door"]}
+    root = tmp_path / "videos"
+    root.mkdir()
+    (root / "a.mp4").write_bytes(b"stand-in")
+    ann.write_text(json.dumps({"": entry, "a": entry}))
+    cfg = IngestConfig(sources=declared(tmp_path), annotations=[str(ann)], video_root=str(root),
+                       out=str(tmp_path / "out" / "r.jsonl"), dead_letter=str(tmp_path / "out" / "d.jsonl"),
+                       summary=str(tmp_path / "out" / "s.json"))
+    summary = ingest(cfg)
+    assert summary["records"] == 1 and summary["by_reason"] == {"unparsable": 1}
+    (bad,) = read_jsonl(cfg.dead_letter)
+    assert "video key" in bad["detail"]
+
+
 def test_a_native_video_path_that_is_not_there_is_not_replaced_by_the_id(tmp_path):
     records, dead = _ingest(tmp_path, "n.jsonl", [
         _native(annotation_id="gone", video_path=str(tmp_path / "videos" / "elsewhere" / "a.mp4")),

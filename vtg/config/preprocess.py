@@ -248,6 +248,10 @@ class PreprocessConfig(Section):
         fr = self.split_fractions
         if not fr or any(v < 0 for v in fr.values()):
             raise ValueError(f"split_fractions {fr} must be non-negative")
+        missing = [s for s in ("train", "val", "test") if fr.get(s, 0) <= 0]
+        if missing:
+            raise ValueError(f"split_fractions {fr} give no share to {', '.join(missing)}: training reads train, "
+                             "selection val, the held-out score test; give each a share > 0")
         if abs(sum(fr.values()) - 1.0) > 1e-6:
             raise ValueError(f"split_fractions {fr} sum to {sum(fr.values()):g}, not 1: give every split's share "
                              "(an override replaces the whole mapping)")
