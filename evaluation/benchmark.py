@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import intervals
-from evaluation.core import load_export, resolve_device
+from evaluation.core import resolve_device
 from evaluation.lmms_parse import lmms_eval_span
 from vtg import checkpoints
 from vtg.answer import parse_answer
@@ -41,6 +41,7 @@ from vtg.errors import VTGError
 from vtg.frames import decode_at, video_facts
 from vtg.harness import FULL_VIDEO, build_card, card_digest, frame_facts
 from vtg.io import file_digest, write_json_atomic
+from vtg.model.modeling import load_model_and_tokenizer
 from vtg.queries import QueryExample
 from vtg.records import CanonicalRecord, read_records, write_jsonl
 from vtg.selection import checkpoint_label
@@ -168,7 +169,7 @@ def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
     meta = checkpoints.read_checkpoint_meta(ckpt)
     device = resolve_device(bench.device)
     t0 = time.perf_counter()
-    model, tokenizer = load_export(checkpoints.export_dir(ckpt), device)
+    model, tokenizer = load_model_and_tokenizer(checkpoints.export_dir(ckpt), device=device)
     from vtg.model.generation import greedy_answers, vision_params
 
     vision = vision_params(model)

@@ -18,7 +18,7 @@ from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
 from vtg.harness import WINDOWED, build_card, digest, frame_facts
 from vtg.io import file_digest
-from vtg.model.modeling import resolve_device
+from vtg.model.modeling import load_model_and_tokenizer, resolve_device
 from vtg.queries import QueryExample, ReadStats, iter_examples, iter_spans
 from vtg.shards import list_shards, read_manifest
 
@@ -49,20 +49,6 @@ def fit_prior_from_train(cfg: EvaluateConfig) -> tuple[tuple[float, float], dict
     span, fit = fit_prior(moments, _select_threshold(cfg.select_metric), cfg.prior_grid)
     fit["skipped"] = dict(stats.skipped)
     return span, fit
-
-
-def load_export(hf_dir: str | Path, device: str):
-    """(model, tokenizer) of an HF export; a broken one is one clear `VTGError`."""
-    from vtg.model.modeling import load_model_and_tokenizer
-
-    try:
-        return load_model_and_tokenizer(hf_dir, device=device)
-    except VTGError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- a truncated safetensors file, a mismatched config...: one clear line
-        raise VTGError(f"{hf_dir}: cannot load the checkpoint's model export "
-                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                       "is the checkpoint half-written or corrupt?") from None
 
 
 def _stream(model, tokenizer, examples: Iterator[QueryExample], cfg: EvaluateConfig, device: str) -> dict:
@@ -152,7 +138,7 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
     shards = list_shards(cfg.shards_dir, split)
-    model, tokenizer = load_export(hf_dir, device)
+    model, tokenizer = load_model_and_tokenizer(hf_dir, device=device)  # a broken export: one line
     stats = ReadStats()
     acc = _stream(model, tokenizer, iter_examples(shards, stats, cfg.max_examples), cfg, device)
     examples = acc["meta"]

@@ -100,7 +100,7 @@ def base_identity(base_path: str | Path) -> list:
 def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralItem], device: str,
                 store_dir: str | Path) -> tuple[dict | None, str | None]:
     """(the base export's task scores, None) from the store or computed once; (None, why) without a base."""
-    from evaluation.core import load_export
+    from vtg.model.modeling import load_model_and_tokenizer
 
     if not base_path or not Path(base_path).is_dir():
         return None, f"the checkpoint's base ({base_path}) is not a local export: no base to compare with"
@@ -111,7 +111,7 @@ def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralI
     if path.is_file():
         return json.loads(path.read_text())["scores"], None
     try:
-        model, tokenizer = load_export(base_path, device)
+        model, tokenizer = load_model_and_tokenizer(base_path, device=device)
     except VTGError as e:
         return None, f"the base export cannot be loaded: {e}"
     rows = ask(model, tokenizer, items, cfg, device, cfg.batch_size)

@@ -1,5 +1,5 @@
 """Activation memory of one micro-batch and the parameters that train: what `python -m training.preflight` adds
-to the planner's model states (`training.plan`), per GPU.
+to the planner's model states (`training.plan`; the architecture model is `training.arch`), per GPU.
 
 Activations (`activation_bytes`, used by `python -m training.preflight` and training's pre-flight) are a documented
 estimate per micro-batch of b examples of s tokens, in bytes of 16-bit training (x2 for fp32). The form is
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.plan import Arch
+from training.arch import Arch
 
 TEXT_LAYER_BASE, VISION_BLOCK_BASE = 22, 30
 """Bytes per token per hidden unit a layer keeps besides its MLP's i-wide tensors (module docstring)."""

@@ -23,7 +23,7 @@ splits English words far finer than Qwen's 151k-token vocabulary, which keeps mo
 text part is an upper bound (a 40-word query is 137 tokens here, the system turn 26; Qwen's own tokenizer is
 not available offline to count them exactly).
 
-**Memory.** Per GPU for one micro-batch of the longest example: model states by ZeRO stage (`training/plan.py`,
+**Memory.** Per GPU for one micro-batch of the longest example: model states by ZeRO stage (`training/plan/`,
 DeepSpeed's accounting, trainable parameters counted for LoRA / frozen vision) + activations
 (`training.activations.activation_bytes`: Korthikanti et al. 2022 per layer, the vision tower at its own token count,
 the logits; with and without gradient checkpointing) + a reserve, against `train.gpu_mem_gb`.
@@ -43,7 +43,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from training.activations import Activations, activation_bytes, trainable_params
-from training.plan import GB, Arch, Setup, arch_for, plan
+from training.arch import Arch, arch_for
+from training.plan import GB, Setup, plan
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError

@@ -5,16 +5,9 @@ import pytest
 import torch
 
 from training.activations import activation_bytes
-from training.plan import (
-    GB,
-    Arch,
-    Setup,
-    activation_need,
-    main,
-    model_size,
-    plan,
-    recommend,
-)
+from training.arch import Arch
+from training.plan import GB, Setup, model_size, plan, recommend
+from training.plan.__main__ import activation_need, main
 
 
 @pytest.mark.parametrize("params", [1.3e9, 7e9, 70e9])
@@ -96,7 +89,7 @@ def test_param_counts_from_the_architecture_alone(tiny_model_dir):
     """Counted from config shapes: the published totals of the real models, and every tensor of the tiny export."""
     from safetensors import safe_open
 
-    from training.plan import arch_for
+    from training.arch import arch_for
     from vtg.model.shape_true import arch_facts
 
     for hub_id in ("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"):
@@ -115,7 +108,7 @@ def test_trainable_params_match_the_finetune_modes(finetune, freeze_vision, tiny
     from transformers import AutoModelForImageTextToText
 
     from training.activations import trainable_params
-    from training.plan import arch_for
+    from training.arch import arch_for
     from vtg.model.modeling import apply_finetune_mode, count_parameters
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)

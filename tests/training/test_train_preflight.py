@@ -8,7 +8,7 @@ import pytest
 from train_fixtures import REPO_ROOT, synthetic_window, train_config
 
 from training.activations import activation_bytes
-from training.plan import Arch, arch_for
+from training.arch import Arch, arch_for
 from training.preflight import (
     PreflightError,
     check_before_training,

@@ -9,7 +9,7 @@ micro-batch, gradient checkpointing, export and reload) then runs on a CPU, and 
 matrix shapes. Nothing is downloaded: the architecture facts are data in this repository.
 
 **Architecture facts** (`vtg/model/archs/<name>.json`, one file per hub model; read by `arch_facts`, their one
-home: the memory planner and the training pre-flight build on it through `training.plan.arch_for`). Qwen3-VL and
+home: the memory planner and the training pre-flight build on it through `training.arch.arch_for`). Qwen3-VL and
 Qwen3.5 files hold `family`, `source`, `total_params` (+ its source), the published `config` verbatim and the
 published `processor` / `video_processor` configs. The Qwen2.5-VL files keep an older layout, one JSON object
 with field names as in the model's published `config.json`:
