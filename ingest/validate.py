@@ -30,7 +30,8 @@ class QueryLimit:
 
     @classmethod
     def for_base(cls, base: str, max_tokens: int) -> QueryLimit:
-        from vtg.model.tokens import counting_tokenizer, query_ids
+        from vtg.model.text import query_ids
+        from vtg.model.tokens import counting_tokenizer
 
         tokenizer, note, _ = counting_tokenizer(base)
         return cls(max_tokens, lambda q: len(query_ids(tokenizer, q)), f"train.model.base={base} ({note})")

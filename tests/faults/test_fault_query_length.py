@@ -17,7 +17,8 @@ from declared import declared_arg
 from ingest import reasons as R
 from ingest.validate import Invalid, QueryLimit
 from vtg.config import load_config
-from vtg.model.tokens import counting_tokenizer, query_ids
+from vtg.model.text import query_ids
+from vtg.model.tokens import counting_tokenizer
 from vtg.records import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]

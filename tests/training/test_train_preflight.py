@@ -30,7 +30,7 @@ QUERY = ("the person in the red shirt walks slowly across the kitchen to the woo
 
 def query_of(tokenizer, n: int) -> str:
     """The longest prefix of QUERY that is exactly `n` tokens as the prompt holds it."""
-    from vtg.model.tokens import query_ids
+    from vtg.model.text import query_ids
 
     for k in range(len(QUERY), 0, -1):
         if len(query_ids(tokenizer, QUERY[:k])) == n:

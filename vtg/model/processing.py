@@ -47,7 +47,7 @@ from vtg.model.processor_facts import (  # noqa: F401 - the facts' names, re-exp
 )
 from vtg.model.rope_time import rope_positions
 from vtg.model.shared_vision import video_share
-from vtg.model.tokens import query_ids
+from vtg.model.text import query_ids
 
 MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 IGNORE_INDEX = -100

@@ -61,8 +61,3 @@ def counting_tokenizer(base: str) -> tuple[object, str, str | None]:
 
     return AutoTokenizer.from_pretrained(build_tiny_model(seed=0)), STAND_IN_NOTE, QWEN_SYSTEM_PROMPT
 
-
-def query_ids(tokenizer, query: str) -> list[int]:
-    """A query's token ids as the prompt holds them: plain text, a special token's text included as text
-    (`vtg.model.processing.encode_prompt`)."""
-    return tokenizer(query, add_special_tokens=False, split_special_tokens=True)["input_ids"] if query else []
