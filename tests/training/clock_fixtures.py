@@ -7,8 +7,9 @@ Two files are written here with PyAV (explicit pts):
 - `late.mp4`: constant 10 fps, but its video track starts 0.5 s after its audio track (the container's start), so
   its first frame is shown at 0.5 s; OpenCV alone counts it from 0.
 
-The rule checked (`check_given`): the time the model is given for each temporal patch equals the mean presentation
-time of that patch's frames, from the answer's origin (the window's start for shard paths and clips, the video's
+The rule checked (`check_given`): the time the model is given for each temporal patch equals the presentation time
+of that patch's frames (text timestamps: their mean, as Qwen3-VL's processor; Qwen2.5-VL's native rope: the first
+frame's, as `get_rope_index`), from the answer's origin (the window's start for shard paths and clips, the video's
 start for the whole-video benchmark), within the family's resolution: text timestamps to their one decimal;
 Qwen2.5-VL's native rope ids to 1 / tokens_per_second (floor). No expected time is ever computed by subtracting
 the first frame's time.
@@ -115,6 +116,11 @@ def patch_means(times: list[float], tp: int = 2) -> list[float]:
     return [float(np.mean(t[i:i + tp])) for i in range(0, len(t), tp)]
 
 
+def patch_firsts(times: list[float], tp: int = 2) -> list[float]:
+    """The presentation time of each temporal patch's first frame (Qwen2.5-VL's rope time)."""
+    return [float(t) for t in list(times)[::tp]]
+
+
 def given_times(enc: dict, tokenizer, vision) -> tuple[str, list[float]]:
     """(how, the time each temporal patch is given): the `<t seconds>` texts, or Qwen2.5-VL's native temporal rope
     ids (what the model's forward and `generate` get: `position_ids`) over tokens_per_second."""
@@ -134,7 +140,7 @@ def check_given(enc: dict, tokenizer, vision, frame_times: list[float], where: s
     """Assert the issue's rule for one encoded example whose frames were shown at `frame_times` (seconds from the
     answer's origin); returns how the time was given."""
     how, given = given_times(enc, tokenizer, vision)
-    want = patch_means(frame_times, vision.temporal_patch_size)
+    want = (patch_means if how == "text" else patch_firsts)(frame_times, vision.temporal_patch_size)
     assert len(given) == len(want), where
     for g, (a, b) in enumerate(zip(given, want)):
         if how == "text":

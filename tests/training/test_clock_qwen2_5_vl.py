@@ -1,5 +1,5 @@
-"""Issue 35, Qwen2.5-VL: the time the model is given for each temporal patch is the mean presentation time of its
-frames from the answer's origin, on every path (clock_fixtures.check_every_path), under its native rope timing and
+"""Issue 35, Qwen2.5-VL: the time the model is given for each temporal patch is the presentation time of its
+frames from the answer's origin (native rope: the patch's first frame, as `get_rope_index`; text: their mean), on every path (clock_fixtures.check_every_path), under its native rope timing and
 under text timestamps; on a variable-frame-rate file and on one whose video track starts late."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from clock_fixtures import check_every_path, model_is_told, patch_means
+from clock_fixtures import check_every_path, model_is_told, patch_firsts
 
 from vtg.model.processing import TIMESTAMPS_KEY, VisionParams, encode_example
 
@@ -28,8 +28,8 @@ def test_every_path_gives_the_presentation_time(tiny, clock_project, mode):
 
 def test_the_rope_ids_are_transformers_own_for_a_video_that_starts_at_its_first_frame(tiny):
     """`vtg.model.rope_time` follows `get_rope_index` everywhere but the temporal ids: for frames at a constant rate
-    with the first at 0 (where a patch's first-frame time is g x second_per_grid_t) the two agree exactly; the patch
-    means (ours) give the same ids at Qwen's own 2 fps and are the only difference at other rates."""
+    with the first at 0 (where a patch's first-frame time is g x second_per_grid_t) the ids every path gives the
+    model are transformers' own, at every rate."""
     import numpy as np
 
     from vtg.model.rope_time import rope_positions
@@ -47,8 +47,7 @@ def test_the_rope_ids_are_transformers_own_for_a_video_that_starts_at_its_first_
         ours_first = rope_positions(enc["mm_token_type_ids"], enc["video_grid_thw"], vision.merge_size, [firsts],
                                     vision.tokens_per_second)
         assert torch.equal(ours_first, stock[:, 0])
-        if fps == 2.0:  # Qwen's sampling rate: the patch mean floors to the first frame's tick
-            assert torch.equal(enc["position_ids"], stock[:, 0])
+        assert torch.equal(enc["position_ids"], stock[:, 0]), fps
 
 
 def test_a_window_that_starts_later_moves_the_rope_time_and_the_model_sees_it(tiny):
@@ -66,7 +65,7 @@ def test_a_window_that_starts_later_moves_the_rope_time_and_the_model_sees_it(ti
                 for d in (0.0, 3.25)}
         video = encs[0.0]["mm_token_type_ids"] == 2
         shift = encs[3.25]["position_ids"][0][video] - encs[0.0]["position_ids"][0][video]
-        want = [math.floor((m + 3.25) * 2 + 1e-6) - math.floor(m * 2 + 1e-6) for m in patch_means(base)]
+        want = [math.floor((m + 3.25) * 2 + 1e-6) - math.floor(m * 2 + 1e-6) for m in patch_firsts(base)]
         assert shift.view(4, -1)[:, 0].tolist() == want and min(want) > 0
         assert torch.equal(encs[3.25]["position_ids"][1:], encs[0.0]["position_ids"][1:])
         assert not torch.allclose(model_is_told(model, encs[0.0]), model_is_told(model, encs[3.25]))

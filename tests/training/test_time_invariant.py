@@ -1,10 +1,10 @@
 """Issue 22, the time invariant for Qwen2.5-VL, stated absolutely (issue 35): the time the model is given for each
-frame group equals the mean of the shard's recorded frame times (seconds from the window's start, the answers'
+frame group equals the shard's recorded frame times (native: the group's first frame; text: the mean) (seconds from the window's start, the answers'
 origin), in the three paths that build inputs (training's shard reader, the RL rollout's prompts, evaluation's
 prompts), from the same shard sample.
 
 - `native` (Qwen2.5-VL's own timing): the temporal rope id of group g in the `position_ids` every path hands the
-  model is the video's start position + `floor(mean_g x tokens_per_second)`, at the family's resolution (2 ids per
+  model is the video's start position + `floor(first_g x tokens_per_second)`, at the family's resolution (2 ids per
   second). 1, 2 and 4 fps (4 fps is where transformers' old int cast put every temporal id at 0) and a window whose
   frames do not start at 0: nothing is measured from the first frame.
 - `text`: the prompt writes `<t_g seconds>` (t_g: the mean of the group's frame times) before each group, as
@@ -57,9 +57,9 @@ def test_rope_time_equals_the_shard_timestamps_in_every_path(tiny_model_dir, tmp
     ts = _shard(tmp_path, fps, first)
     tps = model.config.vision_config.tokens_per_second
     tp = vision_params(model).temporal_patch_size
-    want = [math.floor((ts[g * tp] + ts[g * tp + tp - 1]) / 2 * tps + 1e-6) for g in range(len(ts) // tp)]
+    want = [math.floor(ts[g * tp] * tps + 1e-6) for g in range(len(ts) // tp)]
     assert len(set(want)) == len(want)  # distinct times: 4 fps does not collapse to 0
-    assert want[0] == math.floor((first + (first + (tp - 1) / fps)) / 2 * tps + 1e-6)  # the window's origin, not 0
+    assert want[0] == math.floor(first * tps + 1e-6)  # counted from the window's origin, not from the first frame
     for path, enc in three_paths(model, tokenizer, tmp_path).items():
         assert _group_ticks(enc) == want, path
 

@@ -149,6 +149,15 @@ def patch_times(timestamps: Sequence[float], temporal_patch_size: int) -> list[f
     return [(ts[i] + ts[i + temporal_patch_size - 1]) / 2 for i in range(0, len(ts), temporal_patch_size)]
 
 
+def patch_starts(timestamps: Sequence[float], temporal_patch_size: int) -> list[float]:
+    """The time each temporal patch starts: its first frame's (Qwen2.5-VL's `get_rope_index` places patch g at
+    `g x second_per_grid_t`, its first frame's time on a clip sampled from its first frame; here at the frames' own
+    presentation times, from the answer's origin: `vtg.model.rope_time`)."""
+    if not timestamps:
+        raise ValueError("a video without frame timestamps has no time to give the model")
+    return [float(t) for t in list(timestamps)[::temporal_patch_size]]
+
+
 def time_text(t: float) -> str:
     """How a time is written before a temporal patch: Qwen3-VL's `<{t:.1f} seconds>`."""
     return f"<{t:.1f} seconds>"
@@ -308,7 +317,7 @@ def encode_example(
         out["second_per_grid_ts"] = torch.tensor([seconds_per_grid(timestamps, vision.temporal_patch_size)] * groups)
         if timestamp_mode(tokenizer, timestamps_mode) == "native":
             out["position_ids"] = rope_positions(mm, grid_rows, vision.merge_size,
-                                                 [patch_times(timestamps, vision.temporal_patch_size)],
+                                                 [patch_starts(timestamps, vision.temporal_patch_size)],
                                                  vision.tokens_per_second)
     return out
 

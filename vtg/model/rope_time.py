@@ -5,12 +5,16 @@ transformers' `Qwen2_5_VLModel.get_rope_index` gives temporal patch g of a video
 second_per_grid_t x tokens_per_second)` (`st`: the text position where the video starts). That is the time of the
 patch's first frame only for a constant-rate video whose first frame is at the origin, as Qwen's processor samples
 a whole video; a window's frames start wherever the window's first frame was shown, and a variable-frame-rate
-video's patches are not evenly spaced. Here patch g gets `st + floor(t_g x tokens_per_second)`, t_g the mean
-presentation time of its frames (`vtg.model.processing.patch_times`, seconds from the answer's origin: the window's
-start, or the video's for the whole-video benchmark): the time the model is told is the time the frames were
-shown, at the family's resolution (1 / tokens_per_second). Everything else follows transformers 5.24's
+video's patches are not evenly spaced. Here patch g gets `st + floor(t_g x tokens_per_second)`, t_g the
+presentation time of its first frame (`vtg.model.processing.patch_starts`, seconds from the answer's origin: the
+window's start, or the video's for the whole-video benchmark): the time the model is told is when the patch's
+frames began to be shown, at the family's resolution (1 / tokens_per_second), and for a clip sampled from its first
+frame at the origin it is transformers' own id at every rate. (The patch's mean time, the rule before, is
+Qwen3-VL's text timestamp; as a rope id it put a 1-fps patch one id later than Qwen2.5-VL's convention and a
+window's first patch never at id 0, where the whole-video benchmark's first patch is: docs/results.md, issue 35.)
+Everything else follows transformers 5.24's
 `get_rope_index` exactly (height and width ids from `st`, text after a video at `st + max(h, w) / merge`), which
-`tests/training/test_clock_qwen2_5_vl.py` pins: with t_g = g x second_per_grid_t the ids are transformers' own.
+`tests/training/test_clock_qwen2_5_vl.py` pins: with frames from 0 at a constant rate the ids are transformers' own.
 
 The ids are computed once per example, beside its tokens (`encode_example`'s `position_ids`), and travel with it
 through collation, packing, the teacher-forced RL update and `generate` (which extends them one per new token, as it
