@@ -90,6 +90,9 @@ def make_checkpoint(root: Path, step: int, shards: Path, train_steps: int, run_i
     shutil.copytree(build_tiny_model(), tmp / HF_DIR)
     if train_steps:
         train_briefly(tmp / HF_DIR, shards, train_steps)
-    meta = {"step": step, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
+    from vtg.shards import data_version
+
+    # the version of the shards it was "trained" on: decisions on val check it (issue 39 class 4)
+    meta = {"step": step, "data_version": data_version(shards), "git_commit": "test", "config_hash": "cfg",
             "finetune": "full", "base": "tiny", "mlflow_run_id": run_id, **(extra_meta or {})}
     return finalize(root, step, meta, {"fixture": True}, keep_last=10)

@@ -22,6 +22,7 @@ from vtg.errors import VTGError
 from vtg.harness import HarnessMismatch, card_digest
 from vtg.lineage import TAG_CHECKPOINT, TAG_DATA_VERSION, TAG_STAGE, TAG_STEP, TAG_TRAIN_RUN
 from vtg.selection import pick_best
+from vtg.shards import data_version
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
         run = client.get_run(r["mlflow_run_id"])
         assert run.data.tags[TAG_STAGE] == "evaluate" and run.data.tags[TAG_TRAIN_RUN] == env["train_run"]
         assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
-        assert run.data.tags[TAG_DATA_VERSION] == "fixture-data"
+        assert run.data.tags[TAG_DATA_VERSION] == data_version(env["cfg"].evaluate.shards_dir)
         assert run.data.metrics["eval/val/r1_at_0.7"] == s["model"]["r1@0.7"]
         # every metric carries its harness card and its interval: in the result, MLflow and the report
         card, ci = s["harness"], s["intervals"]
@@ -207,7 +208,7 @@ def test_lora_adapter_checkpoint_without_tracking(env, shards_dir):
     model, tok = load_model_and_tokenizer(build_tiny_model())
     apply_finetune_mode(model, "lora", lora_r=4, lora_alpha=8).save_pretrained(temp_dir_for(root, 5) / HF_DIR)
     tok.save_pretrained(temp_dir_for(root, 5) / HF_DIR)
-    meta = {"step": 5, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
+    meta = {"step": 5, "data_version": data_version(shards_dir), "git_commit": "test", "config_hash": "cfg",
             "finetune": "lora", "base": "tiny"}
     ckpt = finalize(root, 5, meta, {}, keep_last=1)
     assert (ckpt / HF_DIR / "adapter_config.json").is_file()

@@ -42,7 +42,9 @@ def world(tmp_path_factory, shards_dir):
         shutil.copytree(base, t / HF_DIR)
         if grounding_steps:
             train_briefly(t / HF_DIR, shards_dir, grounding_steps)
-        meta = {"step": step, "data_version": "fixture-data", "git_commit": "test", "config_hash": "cfg",
+        from vtg.shards import data_version
+
+        meta = {"step": step, "data_version": data_version(shards_dir), "git_commit": "test", "config_hash": "cfg",
                 "finetune": "full", "base": "tiny", "base_path": str(base)}
         return finalize(root, step, meta, {"fixture": True}, keep_last=10)
 
