@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ckptkit import fake_checkpoint, roots_config
 
-from training.dist import rng_state
-from training.lifecycle import resume_source, write_rank_state
+from training.lifecycle import resume_source
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
 from vtg.errors import ConfigError, VTGError
@@ -116,21 +116,11 @@ def test_split_fractions_must_sum_to_one(fractions):
 
 # ---- a run asked to stop before where it is ------------------------------------------------------------------
 def _cfg(tmp_path: Path, *overrides: str):
-    return load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'sft'}",
-                                                    f"rl.out_dir={tmp_path / 'rl'}",
-                                                    f"evaluate.out_dir={tmp_path / 'eval'}",
-                                                    f"orchestration.state_dir={tmp_path / 'state'}", *overrides])
+    return roots_config(tmp_path, *overrides)
 
 
 def _checkpoint(root: Path, step: int, **meta) -> Path:
-    tmp = ckpt.temp_dir_for(root, step)
-    ckpt.export_dir(tmp).mkdir(parents=True)
-    (ckpt.export_dir(tmp) / "model.safetensors").write_text(f"weights {step}")
-    ckpt.engine_dir(tmp).mkdir()
-    write_rank_state(tmp, 0, {"run": {"step": step}, "guard": {}, "rng": rng_state(), "num_workers": 0})
-    base = {"data_version": "d1", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h", "finetune": "full",
-            "base": "tiny", "train_hash": "k1", "rl_hash": "k1", "world_size": 1}
-    return ckpt.finalize(root, step, {**base, **meta}, {}, keep_last=3)
+    return fake_checkpoint(root, step, **meta)
 
 
 @pytest.mark.parametrize("section", ["train", "rl"])

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from ckptkit import fake_checkpoint
 from declared import declared
 
 from ingest import ingest
@@ -157,17 +158,7 @@ def test_the_benchmark_refuses_an_annotation_file_before_loading_anything(tmp_pa
 
 # ---- a root whose `latest` pointer is corrupt ----------------------------------------------------------------
 def _checkpoint(root: Path, step: int) -> Path:
-    from training.dist import rng_state
-    from training.lifecycle import write_rank_state
-
-    tmp = ckpt.temp_dir_for(root, step)
-    ckpt.export_dir(tmp).mkdir(parents=True)
-    (ckpt.export_dir(tmp) / "model.safetensors").write_text(f"weights {step}")
-    ckpt.engine_dir(tmp).mkdir()
-    write_rank_state(tmp, 0, {"run": {"step": step}, "guard": {}, "rng": rng_state(), "num_workers": 0})
-    meta = {"data_version": "d1", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h", "finetune": "full",
-            "base": "tiny", "train_hash": "k1", "world_size": 1}
-    return ckpt.finalize(root, step, meta, {}, keep_last=3)
+    return fake_checkpoint(root, step)
 
 
 @pytest.mark.parametrize("pointer", ["garbage", "{}", '{"checkpoint": "step-000099"}', ""])

@@ -10,33 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ckptkit import fake_checkpoint, roots_config
 
-from training.dist import rng_state
-from training.lifecycle import LOWEST_EVAL_LOSS, namers, protected, resume_source, write_rank_state
+from training.lifecycle import LOWEST_EVAL_LOSS, namers, protected, resume_source
 from vtg import checkpoints as ckpt
 from vtg import eval_queue, lineage
-from vtg.config import load_config
 from vtg.errors import VTGError
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = {"data_version": "d1", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h", "finetune": "full",
-        "base": "tiny", "train_hash": "k1", "rl_hash": "r1", "world_size": 1}
 
 
 def _cfg(tmp_path: Path, *overrides: str):
-    return load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'sft'}",
-                                                    f"rl.out_dir={tmp_path / 'rl'}",
-                                                    f"evaluate.out_dir={tmp_path / 'eval'}",
-                                                    f"orchestration.state_dir={tmp_path / 'state'}", *overrides])
+    return roots_config(tmp_path, *overrides)
 
 
 def _checkpoint(root: Path, step: int, protect=(), keep_last: int = 10, **meta) -> Path:
-    tmp = ckpt.temp_dir_for(root, step)
-    ckpt.export_dir(tmp).mkdir(parents=True)
-    (ckpt.export_dir(tmp) / "model.safetensors").write_text(f"weights {step}")
-    ckpt.engine_dir(tmp).mkdir()
-    write_rank_state(tmp, 0, {"run": {"step": step}, "guard": {}, "rng": rng_state(), "num_workers": 0})
-    return ckpt.finalize(root, step, {**BASE, **meta}, {}, keep_last=keep_last, protect=protect)
+    return fake_checkpoint(root, step, keep_last=keep_last, protect=protect, **meta)
 
 
 # each namer: (what it writes or sets so that it names `old`, the config overrides it needs)

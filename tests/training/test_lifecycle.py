@@ -7,32 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ckptkit import fake_checkpoint, roots_config
 
-from training.dist import rng_state
-from training.lifecycle import check_roots_apart, protected, resume_source, write_rank_state
+from training.lifecycle import check_roots_apart, protected, resume_source
 from vtg import checkpoints as ckpt
-from vtg.config import load_config
 from vtg.errors import ConfigError, VTGError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(tmp_path: Path, *overrides: str):
-    return load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'sft'}",
-                                                    f"rl.out_dir={tmp_path / 'rl'}",
-                                                    f"evaluate.out_dir={tmp_path / 'eval'}",
-                                                    f"orchestration.state_dir={tmp_path / 'state'}", *overrides])
+    return roots_config(tmp_path, *overrides)
 
 
 def _checkpoint(root: Path, step: int, **meta) -> Path:
-    tmp = ckpt.temp_dir_for(root, step)
-    ckpt.export_dir(tmp).mkdir(parents=True)
-    (ckpt.export_dir(tmp) / "model.safetensors").write_text(f"weights {step}")
-    ckpt.engine_dir(tmp).mkdir()
-    write_rank_state(tmp, 0, {"run": {"step": step}, "guard": {}, "rng": rng_state(), "num_workers": 0})
-    base = {"data_version": "d1", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h", "finetune": "full",
-            "base": "tiny", "train_hash": "k1", "world_size": 1}
-    return ckpt.finalize(root, step, {**base, **meta}, {}, keep_last=2)
+    return fake_checkpoint(root, step, keep_last=2, **meta)
 
 
 @pytest.mark.parametrize(("key", "data", "why"), [("k2", "d1", "other train settings"),
