@@ -27,7 +27,6 @@ def check_tracking_server(uri: str, timeout_s: float | None = None) -> None:
     process."""
     if urlparse(uri).scheme not in ("http", "https") or uri in _REACHED:
         return
-    bound_clients(timeout_s or network_timeout())
     check_http_service(uri, "MLflow tracking server", "tracking.tracking_uri (`make serve` starts one; "
                        "tracking.enabled=false runs without it)", "/health", timeout_s)
     _REACHED.add(uri)
@@ -38,8 +37,6 @@ _REACHED: set[str] = set()
 
 # ---- bounded waits: every network call has a connect and a read timeout ---------------------------------------
 TIMEOUT_SETTING = "orchestration.network_timeout_s"
-
-
 TIMEOUT_ENV = "VTG_NETWORK_TIMEOUT_S"
 
 
@@ -55,8 +52,8 @@ def network_timeout() -> float:
 
 
 def bound_clients(timeout_s: float = NETWORK_TIMEOUT_S) -> None:
-    """Every CLI, once its config is resolved (`vtg.cli_common.resolve_config`): record the timeout for this
-    process and its children, and give the clients that read theirs from the environment (MLflow's REST client,
+    """Called by `vtg.config.load_config` with the resolved `orchestration.network_timeout_s`: record the timeout
+    for this process and its children, and give the clients that read theirs from the environment (MLflow's REST client,
     Prefect's) a bounded wait and few retries, unless the user set them already."""
     import os
 
