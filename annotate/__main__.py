@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
     parser.prog = "python -m annotate"
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="annotate")
     cfg = cfg.model_copy(update={"annotate": stage_outputs("annotate", cfg)})
     summary = run(cfg, progress=cfg.annotate.progress)
     Console().print(summarize(summary))

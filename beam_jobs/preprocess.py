@@ -35,7 +35,7 @@ from beam_jobs.options import pipeline_options
 from vtg import stages
 from vtg.cli_common import config_arg_parser, resolve_config, run_cli
 from vtg.config import PipelineConfig
-from vtg.config._base import output_view, view_hash
+from vtg.config.keys import output_view, view_hash
 from vtg.errors import FULL_B, VTGError, out_of_space
 from vtg.shards import MANIFEST, SPLITS
 from vtg.sources import Sources
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in beam_argv if not a.startswith("--")]
     if unknown:
         raise VTGError(f"unexpected argument(s) {unknown}: overrides are key=value, Beam options --name=value")
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="preprocess")
     manifest = run(cfg, beam_argv)
     log.info("wrote %d samples in %d shards to %s", sum(manifest["samples_per_split"].values()),
              len(manifest["shards"]), cfg.preprocess.out_dir)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scale is not None:
         args.overrides = [*args.overrides, f"corpus.scale={args.scale}"]
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="corpus")
     gt = build_corpus(cfg.corpus, force=args.force, progress=True)
     Console(stderr=False).print(summarize(gt))
     return 0

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with a checkpoint root: evaluate every complete step checkpoint in it, oldest first "
                              "(stored results are reused), so steps.csv holds the whole curve")
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage=None if args.checkpoint else "evaluate")  # ad hoc: no stage, no view
     if not args.checkpoint:
         from evaluation.stage import run_stage
 

@@ -28,7 +28,7 @@ from evaluation.registry import (
 from evaluation.report import PLOTS, plot_step_curve, write_report
 from vtg import checkpoints
 from vtg.config import PipelineConfig, load_config
-from vtg.config._base import output_view, view_hash
+from vtg.config.keys import output_view, view_hash
 from vtg.errors import VTGError
 from vtg.io import file_digest, tree_digest, write_json_atomic
 from vtg.records import write_jsonl

@@ -1,6 +1,6 @@
-"""The `post-training` flow: corpus -> ingest -> annotate -> Beam preprocess -> DVC push -> SFT training -> GRPO
-(rl), with every checkpoint of both evaluated while they run -> the evaluate stage (best of SFT and RL on val, then
-held-out test) -> report.
+"""The `post-training` flow: corpus -> ingest -> annotate -> Beam preprocess -> DVC push -> SFT training -> select
+(RL's start, chosen on val) -> GRPO (rl), with every checkpoint of both evaluated while they run -> the evaluate
+stage (best of SFT and RL on val, then held-out test) -> report.
 
 Run it embedded with `python -m flows` (Prefect's ephemeral API, no server), or served with `make serve` and
 `prefect deployment run 'post-training/default'`. The stages are the ones `dvc.yaml` declares; a stage that
@@ -123,6 +123,7 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
     try:
         trained = _call(tasks.train, **common)
         summary["stages"]["train"] = trained
+        summary["stages"]["select"] = _call(tasks.select, cfg=cfg, args=args)
         tuned = _call(tasks.rl, **common)
         summary["stages"]["rl"] = tuned
     except BaseException:

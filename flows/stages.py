@@ -21,6 +21,7 @@ from pathlib import Path
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.net import OWN_PORT, free_port
+from vtg.stages import stage_module
 
 log = logging.getLogger(__name__)
 DEEPSPEED_HOSTFILE = "/job/hostfile"  # where the deepspeed launcher looks for a hostfile by default (multi-node)
@@ -171,7 +172,7 @@ def train_cmd(cfg: PipelineConfig, args: Sequence[str],
     another GPU of the node (vtg/placement.py): CUDA_VISIBLE_DEVICES for `python`/`torchrun`, `--include`
     for `deepspeed` (which replaces CUDA_VISIBLE_DEVICES with its own). With DeepSpeed's hostfile (multi-node),
     `--num_gpus` keeps the first `train.num_gpus` slots of each node, and the placement leaves the last one free."""
-    return launch_cmd(cfg, cfg.orchestration.stages.train, cfg.train.num_gpus, "train.num_gpus", args, gpus)
+    return launch_cmd(cfg, stage_module("train", cfg), cfg.train.num_gpus, "train.num_gpus", args, gpus)
 
 
 def rl_cmd(cfg: PipelineConfig, args: Sequence[str],
@@ -181,7 +182,7 @@ def rl_cmd(cfg: PipelineConfig, args: Sequence[str],
     ranks = cfg.rl.num_gpus
     if gpus is not None and len(gpus) > ranks:
         gpus = list(gpus)[:ranks]
-    return launch_cmd(cfg, cfg.orchestration.stages.rl, ranks, "rl.num_gpus", args, gpus)
+    return launch_cmd(cfg, stage_module("rl", cfg), ranks, "rl.num_gpus", args, gpus)
 
 
 def launch_cmd(cfg: PipelineConfig, module: str, ranks: int, what: str, args: Sequence[str],

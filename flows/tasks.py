@@ -28,6 +28,7 @@ from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
 from vtg.io import resolve_ref
 from vtg.rl_outputs import SUMMARY_JSON as RL_SUMMARY
+from vtg.selection import CANDIDATES, start_pointer_path
 from vtg.shards import MANIFEST, data_version
 from vtg.util import flatten
 
@@ -88,7 +89,7 @@ def _record(stage: str, cfg: PipelineConfig) -> None:
 def build_corpus(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
     if cached := _up_to_date("corpus", cfg, {"out_dir": cfg.corpus.out_dir}, parent):
         return cached
-    r = run_stage("corpus", module_cmd(cfg.orchestration.stages.corpus, args.argv()), on_line=_stream("corpus"))
+    r = run_stage("corpus", module_cmd(stages.stage_module("corpus", cfg), args.argv()), on_line=_stream("corpus"))
     _record("corpus", cfg)
     run_id = tracking.stage_run(cfg, parent, "corpus", params={"corpus": cfg.corpus.model_dump(mode="json")},
                                 metrics={"seconds": r.seconds})
@@ -100,7 +101,7 @@ def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: st
     summary_path = stages.stage_outputs("ingest", cfg).summary  # where the CLI writes it
     if cached := _up_to_date("ingest", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
-    r = run_stage("ingest", module_cmd(cfg.orchestration.stages.ingest, args.argv()), on_line=_stream("ingest"))
+    r = run_stage("ingest", module_cmd(stages.stage_module("ingest", cfg), args.argv()), on_line=_stream("ingest"))
     _record("ingest", cfg)
     summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "ingest", params={"ingest": cfg.ingest.model_dump(mode="json")},
@@ -115,7 +116,7 @@ def annotate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: 
     summary_path = stages.stage_outputs("annotate", cfg).summary  # where the CLI writes it
     if cached := _up_to_date("annotate", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
-    r = run_stage("annotate", module_cmd(cfg.orchestration.stages.annotate, args.argv()), on_line=_stream("annotate"))
+    r = run_stage("annotate", module_cmd(stages.stage_module("annotate", cfg), args.argv()), on_line=_stream("annotate"))
     _record("annotate", cfg)
     summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "annotate", params={"annotate": cfg.annotate.model_dump(mode="json")},
@@ -130,7 +131,7 @@ def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source
     if cached := _up_to_date("preprocess", cfg, {"out_dir": str(out), "manifest": _read_json(out / MANIFEST)},
                              parent):
         return cached
-    r = run_stage("preprocess", module_cmd(cfg.orchestration.stages.preprocess, args.argv()),
+    r = run_stage("preprocess", module_cmd(stages.stage_module("preprocess", cfg), args.argv()),
                   on_line=_stream("preprocess"))
     _record("preprocess", cfg)
     manifest = _read_json(out / MANIFEST)
@@ -194,6 +195,24 @@ def train(cfg: PipelineConfig, args: ConfigArgs, evaluator: CheckpointEvaluator)
     return {**_trained(cfg), "eval_mode": ev.mode, "eval_placement": ev.where, "seconds": r.seconds}
 
 
+def _selected(cfg: PipelineConfig) -> dict:
+    """What the select stage left: the SFT checkpoint RL starts from with `rl.init: best`, and the candidates."""
+    pointer = checkpoints.read_pointer(start_pointer_path(cfg)) if start_pointer_path(cfg).is_file() else None
+    return {"start_checkpoint": str(pointer["path"]) if pointer else None,
+            "candidates": _read_json(start_pointer_path(cfg).with_name(CANDIDATES))}
+
+
+@_stage_task("select-rl-start")
+def select(cfg: PipelineConfig, args: ConfigArgs) -> dict:
+    """The select stage (`python -m evaluation.select`): the SFT checkpoint best on val, which RL starts from
+    (results the evaluator stored while training ran are reused); the same command `dvc repro` runs."""
+    if cached := _up_to_date("select", cfg, _selected(cfg), log_run=False):
+        return cached
+    r = run_stage("select", module_cmd(stages.stage_module("select", cfg), args.argv()), on_line=_stream("select"))
+    _record("select", cfg)
+    return {**_selected(cfg), "seconds": r.seconds}
+
+
 def _tuned(cfg: PipelineConfig) -> dict:
     """What the rl stage left: its newest checkpoint (meta: the RL run, the SFT checkpoint it started from) and
     its summary."""
@@ -243,7 +262,7 @@ def evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None) -> dict:
     if cached := _up_to_date("evaluate", cfg, evaluate_outputs(cfg), log_run=False):
         return cached
     env = {lineage.ENV_PARENT_RUN_ID: parent} if parent else {}
-    r = run_stage("evaluate", module_cmd(cfg.orchestration.stages.evaluate, args.argv()), env=env,
+    r = run_stage("evaluate", module_cmd(stages.stage_module("evaluate", cfg), args.argv()), env=env,
                   on_line=_stream("evaluate"))
     _record("evaluate", cfg)
     return {**evaluate_outputs(cfg), "seconds": r.seconds, "out_dir": str(out)}

@@ -17,6 +17,7 @@ from prefect import flow
 
 from flows.stages import ConfigArgs, module_cmd, run_stage
 from infra.multinode import DEFAULT_PORT, launch_cmd, read_hostfile
+from vtg import stages
 from vtg.config import load_config
 
 
@@ -26,7 +27,7 @@ def preprocess(params: str = "params.yaml", experiment: str | None = None, overr
     """Run the preprocessing stage CLI, then `dvc push` its outputs to the configured remote."""
     args = ConfigArgs(params, experiment, tuple(overrides or ()))
     cfg = load_config(params, experiment, overrides or ())
-    result = run_stage("preprocess", module_cmd(cfg.orchestration.stages.preprocess, args.argv()))
+    result = run_stage("preprocess", module_cmd(stages.stage_module("preprocess", cfg), args.argv()))
     if push:
         run_stage("dvc-push", ["dvc", "push", "-r", remote or cfg.orchestration.dvc_remote, cfg.preprocess.out_dir])
     return {"seconds": result.seconds, "out_dir": cfg.preprocess.out_dir, "pushed": push}
@@ -39,7 +40,7 @@ def train_node(node_rank: int, hostfile: str = "/job/hostfile", master_addr: str
     """This node's share of a multi-node DeepSpeed run (no ssh): its local ranks, joined at master_addr."""
     args = ConfigArgs(params, experiment, tuple(overrides or ()))
     cfg = load_config(params, experiment, overrides or ())
-    cmd = launch_cmd(hostfile, args.argv(), cfg.orchestration.stages.train, node_rank, master_addr, master_port)
+    cmd = launch_cmd(hostfile, args.argv(), stages.stage_module("train", cfg), node_rank, master_addr, master_port)
     result = run_stage(f"train-node-{node_rank}", cmd)
     return {"node_rank": node_rank, "seconds": result.seconds}
 

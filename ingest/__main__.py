@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
     parser.prog = "python -m ingest"
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="ingest")
     icfg = stage_outputs("ingest", cfg)
     limit = QueryLimit.for_base(cfg.train.model.base, icfg.max_query_tokens)
     summary = ingest(icfg, progress=True, query_limit=limit, require_records=True)

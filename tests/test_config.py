@@ -218,17 +218,17 @@ NOT_OUTPUT_FIELDS = {
                    "decode_threads"},
     "train": {"out_dir", "resume", "checkpoint_hooks", "progress", "log_every", "data.prefetch_factor", "gpu_mem_gb",
               "peak_tflops"},
-    "evaluate": {"out_dir", "store_dir", "device", "reuse", "batch_size", "split", "registry_alias",
+    "evaluate": {"out_dir", "store_dir", "select_dir", "device", "reuse", "batch_size", "split", "registry_alias",
                  "overfit_patience"},
     "tracking": set(),
-    "orchestration": {"network_timeout_s"},
+    "orchestration": {"network_timeout_s", "state_dir", "report_path"},
 }
-RUN_LENGTH_FIELDS = {"train": {"max_steps", "save_every", "keep_last", "early_stop"}}
+RUN_LENGTH_FIELDS = {"train": {"max_steps", "save_every", "keep_last", "early_stop", "early_stop_patience"}}
 
 
 @pytest.mark.parametrize("name", sorted(NOT_OUTPUT_FIELDS))
 def test_output_and_trajectory_views_drop_exactly_the_marked_fields(name: str):
-    from vtg.config._base import output_view, trajectory_view
+    from vtg.config.keys import output_view, trajectory_view
 
     section = getattr(PipelineConfig(), name)
     every = set(_leaf_values(section))

@@ -43,15 +43,16 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_shipped_graph_declares_code_deps_and_persistent_checkpoints():
     graph = stages.load_graph(REPO)
     cfg = load_config(REPO / "params.yaml")
-    assert list(graph) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate"]
+    assert list(graph) == ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate"]
     assert "vtg/answer.py" in graph["train"].code_paths(REPO) and "training" in graph["train"].code_paths(REPO)
     assert graph["preprocess"].code_paths(REPO) == (
         "beam_jobs", "vtg/shards.py", "vtg/records.py", "vtg/sources.py", "vtg/splits.py")
     assert "data/shards" not in graph["train"].code_paths(REPO)
     assert graph["train"].persist == (cfg.train.out_dir,) == ("checkpoints/sft",)
     assert graph["rl"].persist == (cfg.rl.out_dir,) == ("checkpoints/rl",)
-    assert graph["rl"].cmd == f"python -m {cfg.orchestration.stages.rl}"
-    assert cfg.train.out_dir in graph["rl"].deps and graph["rl"].params == ("rl", "orchestration.rl")
+    assert graph["rl"].cmd == f"python -m {stages.stage_module('rl', cfg, REPO)}" == "python -m training.rl"
+    assert cfg.train.out_dir in graph["rl"].deps and graph["rl"].params[:2] == ("rl", "orchestration.rl")
+    assert "reports/select/start.json" in graph["rl"].deps and "reports/select/start.json" in graph["select"].outs
     assert {"reports/rl/steps.csv", "reports/rl/summary.json"} <= set(graph["rl"].outs)
     assert {cfg.train.out_dir, cfg.rl.out_dir} <= set(graph["evaluate"].deps)
     assert "reports/eval/best.json" in graph["evaluate"].outs

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                              "per-step losses as CSV beside it (<name>_loss.csv), e.g. for DVC")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="train")
     from training.loop import train
 
     summary = train(cfg, stop_after=args.stop_after)

@@ -32,6 +32,7 @@ from training.dist import DistInfo, barrier, broadcast, rng_state, set_rng_state
 from vtg import checkpoints as ckpt
 from vtg import eval_queue
 from vtg.config import PipelineConfig, output_roots_overlap
+from vtg.config.view import unguarded
 from vtg.errors import VTGError, out_of_space
 from vtg.io import write_json_atomic
 from vtg.model.processing import save_processor_config
@@ -105,7 +106,9 @@ def namers(cfg: PipelineConfig) -> list[tuple[Path, str]]:
     - every checkpoint an RL checkpoint started from, so that a lineage never loses its parent;
     - with `train.early_stop`, the lowest-eval-loss checkpoint the early-stop decision names (`LOWEST_EVAL_LOSS`);
     - `rl.init` when it names a checkpoint, and `train.resume` / `rl.resume` when they do.
-    Training only reads these files; evaluation never writes into a checkpoint root."""
+    Training only reads these files; evaluation never writes into a checkpoint root. It reads every stage's names
+    whatever the stage declares (`vtg.config.view.unguarded`): what is kept, not what the stage computes."""
+    cfg = unguarded(cfg)
     out: list[tuple[Path, str]] = []
     best = ckpt.read_pointer(Path(cfg.evaluate.out_dir) / ckpt.BEST_POINTER)
     if best:

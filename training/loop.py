@@ -42,7 +42,7 @@ from training.sanity import (
 )
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
-from vtg.config._base import trajectory_view, view_hash
+from vtg.config.keys import trajectory_view, view_hash
 from vtg.errors import VTGError
 from vtg.model.modeling import (
     count_parameters,
@@ -54,7 +54,7 @@ from vtg.model.modeling import (
 from vtg.model.packing import check_packable, is_packed, packed_inputs, rope_owner
 from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, model_inputs
 from vtg.model.teach import teach_if_tiny
-from vtg.selection import TRAIN_LOSS_AVG, check_judged_on_training_data, window_mean
+from vtg.selection import TRAIN_LOSS_AVG, window_mean
 from vtg.shards import data_sources, data_version
 
 log = logging.getLogger("training")
@@ -104,8 +104,12 @@ def build_model(cfg: PipelineConfig, device: torch.device):
 
 
 class Trainer:
-    def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None):
+    def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None,
+                 evaluator: early_stop.Evaluator | None = None):
+        """`evaluator`: what `train.early_stop` scores each checkpoint with (`checkpoint -> val loss`; default
+        `training.early_stop.val_loss_evaluator`, training's own val split)."""
         self.cfg, self.tcfg = cfg, cfg.train
+        self.evaluator = evaluator
         check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
         self.dist = init_distributed(self.tcfg.strategy)
         self.run = RunLifecycle(cfg, "train", TRAIN_KEY, self.dist)  # the lock first
@@ -126,8 +130,6 @@ class Trainer:
         self.one_row = getattr(self.model.config, "_attn_implementation", "") == "flash_attention_2"
         self.urls = resolve_urls(self.tcfg.shards_dir, self.tcfg.data.split)
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
-        if self.tcfg.early_stop:  # the decision on val must be made on this data (before any work)
-            check_judged_on_training_data(self.cfg, self.data_version, "train.early_stop")
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
                                       if self.dist.is_main else None, self.dist)
         self.git_commit = lineage.git_commit()
@@ -234,6 +236,9 @@ class Trainer:
             log.info("this run ended early at step %d (%s): nothing to train", recorded["step"],
                      early_stop.marker_path(self.cfg))
             early, completed = recorded, True
+        stopper = (early_stop.EarlyStop(self.cfg, self.evaluator or early_stop.val_loss_evaluator(
+            self.cfg, str(dev)), train_hash(t), st.step)
+            if t.early_stop and self.dist.is_main and not completed else None)
         loader = iter(self._loader()) if not completed else None
         while not completed:
             t0 = time.perf_counter()
@@ -283,7 +288,7 @@ class Trainer:
             if st.step % t.save_every == 0 or st.step == stop_at:
                 saved = self.save(last_loss)
                 if t.early_stop and not completed:
-                    early = self._early_stop(saved)
+                    early = self._early_stop(stopper, saved)
                     completed = early is not None
                 self.monitor.skip_idle(window)  # checkpoint time (and the early-stop evaluation) is not step time
         del loader
@@ -296,12 +301,12 @@ class Trainer:
         self.callbacks.on_train_end(summary)
         return summary
 
-    def _early_stop(self, saved: Path | None) -> dict | None:
-        """`train.early_stop`: rank 0 evaluates the new checkpoint on val and reads the overfitting signal
-        (training/early_stop.py); every rank gets the decision."""
+    def _early_stop(self, stopper: early_stop.EarlyStop | None, saved: Path | None) -> dict | None:
+        """`train.early_stop`: rank 0 scores the new checkpoint with the evaluator it was handed and reads the
+        overfitting signal (training/early_stop.py); every rank gets the decision."""
         signal = None
-        if self.dist.is_main and saved is not None:
-            signal = early_stop.check(self.cfg, saved)
+        if stopper is not None and saved is not None:
+            signal = stopper.check(saved)
             if signal is not None:
                 early_stop.record(self.cfg, signal, train_hash(self.tcfg))
         if not all_reduce_max(float(signal is not None), self.dist.device):
@@ -347,10 +352,12 @@ class Trainer:
                            "diverged; lower train.lr or check the data")
 
 
-def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None) -> dict:
-    """Train per `cfg` (resuming per `train.resume`); returns a summary with the per-step losses."""
+def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None,
+          evaluator: early_stop.Evaluator | None = None) -> dict:
+    """Train per `cfg` (resuming per `train.resume`); returns a summary with the per-step losses. `evaluator`:
+    what `train.early_stop` scores checkpoints with (`Trainer`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, callbacks)
+    trainer = Trainer(cfg, callbacks, evaluator)
     try:
         return trainer.fit(stop_after=stop_after)
     finally:

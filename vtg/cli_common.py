@@ -32,11 +32,21 @@ def config_arg_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> PipelineConfig:
+def resolve_config(args: argparse.Namespace, stage: str | None = None) -> PipelineConfig:
+    """The resolved config; for a stage's CLI (`stage`: its name in dvc.yaml) the view of it that stage may read
+    (`vtg.stages.stage_view`: a field its record does not declare is an error naming dvc.yaml)."""
     cfg = load_config(args.params, args.experiment, args.overrides)
+    declared = None
+    if stage is not None:
+        from vtg.stages import stage_view
+
+        cfg, declared = stage_view(stage, cfg)
     if getattr(args, "dry_run", False):
         print(dump_yaml(cfg), end="")
         print(f"# config hash: {config_hash(cfg)}")
+        if declared is not None:
+            print(f"# the {stage} stage reads only: {', '.join(declared)} (dvc.yaml), the NOT_OUTPUT fields and "
+                  "the tracking section")
         raise SystemExit(0)
     return cfg
 

@@ -146,3 +146,46 @@ def check_judged_on_training_data(cfg, trained_on: str | None, judge: str) -> No
                        f"the training data is {trained_on[:12]} (train.shards_dir={cfg.train.shards_dir}): set "
                        "evaluate.shards_dir to the shards training reads, or evaluate ad hoc (`python -m evaluation "
                        "--checkpoint ...`)")
+
+
+# ---- RL's start: the select stage's pointer -------------------------------------------------------------------
+START_POINTER = "start.json"
+"""`<evaluate.select_dir>/start.json`: the SFT checkpoint best on val, written by the select stage (`python -m
+evaluation.select`) and read by RL with `rl.init: best` (a dvc.yaml dep of the rl stage): `checkpoint` (relative to
+the pointer), `step` and `identity` (`checkpoint_identity`). It holds only the choice, so a change of evaluation
+settings that picks the same checkpoint leaves it byte-identical and RL up to date."""
+CANDIDATES = "candidates.json"
+"""`<evaluate.select_dir>/candidates.json`: every SFT checkpoint's val score the choice was made from."""
+
+
+def start_pointer_path(cfg) -> Path:
+    return Path(cfg.evaluate.select_dir) / START_POINTER
+
+
+def checkpoint_identity(checkpoint: str | Path) -> str:
+    """A checkpoint's identity: its meta.json's file list (sizes and sha256 of every file) and step."""
+    from vtg import checkpoints as ckpt
+    from vtg.config.keys import view_hash
+
+    meta = ckpt.read_checkpoint_meta(Path(checkpoint))
+    return view_hash({"files": meta.get(ckpt.FILES_KEY) or [], "step": meta.get("step")})
+
+
+def read_start(cfg, found: Sequence[Path]) -> Path:
+    """The checkpoint the select stage chose among `found` (the SFT checkpoints there are now). One line when the
+    pointer is missing or names a checkpoint that is gone or changed since it was chosen (SFT ran again)."""
+    from vtg import checkpoints as ckpt
+    from vtg.errors import VTGError
+
+    path = start_pointer_path(cfg)
+    rerun = "run the select stage (`python -m evaluation.select`; `dvc repro rl` and `make run` run it first)"
+    pointer = ckpt.read_pointer(path)
+    if pointer is None:
+        raise VTGError(f"rl.init=best: {path} does not exist: {rerun}, or set rl.init=latest or a checkpoint")
+    chosen = Path(pointer["path"]).resolve()
+    if chosen not in {Path(f).resolve() for f in found}:
+        raise VTGError(f"rl.init=best: {path} names {pointer['checkpoint']}, which is not among the SFT checkpoints "
+                       f"in {cfg.train.out_dir} now (SFT ran again?): {rerun}")
+    if pointer.get("identity") != checkpoint_identity(chosen):
+        raise VTGError(f"rl.init=best: {chosen} changed since {path} chose it: {rerun}")
+    return chosen

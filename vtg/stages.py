@@ -27,7 +27,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from vtg.config._base import MARK, output_view
+from vtg.config._base import MARK
+from vtg.config.keys import output_view
 from vtg.errors import VTGError
 from vtg.io import load_yaml
 
@@ -284,6 +285,31 @@ def sync_params(name: str, cfg, root: str | Path = ".") -> bool:
         log.warning("dvc.lock records %s's params as run (they differ from %s); `dvc status` shows them as "
                     "changed until `dvc repro` rebuilds from %s", name, PARAMS_FILE, PARAMS_FILE)
     return True
+
+
+def stage_module(name: str, cfg, root: str | Path | None = None) -> str:
+    """The module that runs stage `name`: `orchestration.stages.<name>` when set, else the one of its dvc.yaml
+    `cmd` (`python -m <module>`)."""
+    override = getattr(cfg.orchestration.stages, name, "")
+    if override:
+        return override
+    words = stage(name, root).cmd.split()
+    if words[:2] != ["python", "-m"] or len(words) < 3:
+        raise VTGError(f"{find_dvc_yaml(root)}: stage {name!r} cmd {stage(name, root).cmd!r} is not "
+                       "`python -m <module>`; set orchestration.stages." + name)
+    return words[2]
+
+
+def stage_view(name: str, cfg, root: str | Path | None = None):
+    """(the view of `cfg` the stage `name` runs with, its declared params): `vtg.config.view.declared_view` over
+    the stage's `params` in dvc.yaml. Without a stage graph (a project of the user's own) the plain config, None."""
+    from vtg.config.view import declared_view
+
+    try:
+        st = stage(name, root)
+    except VTGError:
+        return cfg, None
+    return declared_view(cfg, name, st.params), st.params
 
 
 # ---- side commands -------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Failure class 4 (issue 39), the data half: a decision uses the data it says it uses. Early stop with
-`train.shards_dir` changed still judged on `data/shards/val`, silently. Every decision made on val (early stop,
-RL's start checkpoint, the evaluate stage's best) goes through `evaluation.api.evaluate_checkpoint`, which now
-checks `evaluate.shards_dir`'s data version against the one the checkpoint was trained on
-(`vtg.selection.check_judged_on_training_data`); training checks it up front when `train.early_stop` is on. An ad-hoc
-evaluation on other data (`python -m evaluation --checkpoint`) is not a decision and still may."""
+`train.shards_dir` changed still judged on `data/shards/val`, silently. Every decision made on val by evaluation
+(RL's start checkpoint in the select stage, the evaluate stage's best) goes through
+`evaluation.api.evaluate_checkpoint`, which checks `evaluate.shards_dir`'s data version against the one the
+checkpoint was trained on (`vtg.selection.check_judged_on_training_data`); early stop scores training's own val
+split (`train.shards_dir`), so it cannot judge on other data. An ad-hoc evaluation on other data (`python -m
+evaluation --checkpoint`) is not a decision and still may."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ def test_judging_on_other_data_than_training_is_one_line(tmp_path):
 
 
 def test_every_decision_goes_through_the_check():
-    """The paths: training (early stop, before any step) and evaluate_checkpoint for everything but ad hoc, which
-    early stop, RL's `rl.init=best` and the evaluate stage all call."""
-    loop = (REPO / "training" / "loop.py").read_text()
+    """The paths: evaluate_checkpoint for everything but ad hoc, which the select stage (RL's `rl.init=best`) and
+    the evaluate stage call. Early stop is no such decision any more: training scores its own val split
+    (`train.shards_dir`), the data it trains on, and reads nothing of `evaluate.shards_dir`."""
     api = (REPO / "evaluation" / "api.py").read_text()
-    assert 'check_judged_on_training_data(self.cfg, self.data_version, "train.early_stop")' in loop
     assert "if not adhoc:" in api and "check_judged_on_training_data(cfg, meta.get(\"data_version\")" in api
-    for caller in ("training/early_stop.py", "training/rl/start.py", "evaluation/stage.py"):
+    for caller in ("evaluation/select.py", "evaluation/stage.py"):
         text = (REPO / caller).read_text()
         assert "evaluate_checkpoint(" in text and "adhoc=True" not in text, caller
+    early = (REPO / "training" / "early_stop.py").read_text()
+    assert "list_shards(cfg.train.shards_dir, SELECTION_SPLIT)" in early and "cfg.evaluate" not in early

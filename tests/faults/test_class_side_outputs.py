@@ -136,7 +136,8 @@ def test_benchmark_results_are_keyed_by_their_inputs(tmp_path):
 def test_every_stage_cli_with_several_outputs_uses_the_rule():
     """A stage whose declared outs are not all under its primary output folder lists itself in SIDE_OUTPUTS, and
     its CLI runs with `stage_outputs` (corpus, preprocess and train write one folder; evaluate has no side
-    command that writes its outs: `python -m evaluation --checkpoint` writes to the store and `--out`)."""
+    command that writes its outs: `python -m evaluation --checkpoint` writes to the store and `--out`; select writes
+its two files into `evaluate.select_dir` and has no side command)."""
     graph = load_graph(REPO)
     for name in SIDE_OUTPUTS:
         pkg = {"rl": "training/rl"}.get(name, name)
@@ -144,4 +145,4 @@ def test_every_stage_cli_with_several_outputs_uses_the_rule():
     several = {n for n, st in graph.items() if len(st.outs) > 1}
     for name in several - set(SIDE_OUTPUTS):  # every out in the one folder the stage's CLI is told to write
         assert len({Path(o).parent for o in graph[name].outs}) == 1, name
-    assert several - set(SIDE_OUTPUTS) == {"evaluate"}  # evaluate.out_dir holds all of its outs
+    assert several - set(SIDE_OUTPUTS) == {"select", "evaluate"}  # evaluate.select_dir / out_dir hold all of theirs

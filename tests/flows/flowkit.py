@@ -19,6 +19,7 @@ STANDIN_OVERRIDES = [
     "orchestration.stages.ingest=standin_stages.ingest",
     "orchestration.stages.preprocess=standin_stages.preprocess",
     "orchestration.stages.train=standin_stages.train",
+    "orchestration.stages.select=standin_stages.select",
     "orchestration.stages.rl=standin_stages.rl",
     "orchestration.stages.evaluate_api=standin_stages.evaluation:evaluate_checkpoint",
     "orchestration.stages.evaluate=standin_stages.evaluate_cli",
@@ -94,6 +95,7 @@ STAGE_MODULES = {  # module name in dvc.yaml -> stand-in it runs here
     "beam_jobs/preprocess.py": "standin_stages.preprocess",
     "training/__main__.py": "standin_stages.train",
     "training/rl/__main__.py": "standin_stages.rl",
+    "evaluation/select.py": "standin_stages.select",
     "evaluation/__main__.py": "standin_stages.evaluate_cli",
 }
 

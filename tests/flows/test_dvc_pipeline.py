@@ -25,17 +25,20 @@ def test_repro_noop_then_selective_rerun_and_exp_run(project: Path):
     git(project, "commit", "-qm", "pipeline")
 
     dvc(project, "repro")
-    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate-cli"]
     assert (project / "dvc.lock").is_file() and (project / "reports/eval/metrics.json").is_file()
 
     out = dvc(project, "repro")  # nothing changed: nothing runs
-    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate-cli"]
     assert "up to date" in out.lower()
 
-    dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train, rl, evaluate rerun, nothing else
-    assert stage_calls(project)[7:] == ["train", "rl", "evaluate-cli"]
+    dvc(project, "exp", "run", "-S", "train.lr=0.0005")  # a train param: train, select, rl, evaluate rerun
+    assert stage_calls(project)[8:] == ["train", "select", "rl", "evaluate-cli"]
     dvc(project, "exp", "run", "-S", "orchestration.rl=false")  # SFT only: rl (an empty root) and evaluate rerun
-    assert stage_calls(project)[10:] == ["rl", "evaluate-cli"]
+    assert stage_calls(project)[12:] == ["rl", "evaluate-cli"]
+    # the selection metric: the select stage reruns; its choice is the same checkpoint, so RL does not (issue 36)
+    dvc(project, "exp", "run", "-S", "evaluate.select_metric=miou")
+    assert stage_calls(project)[14:] == ["select", "evaluate-cli"]
     assert "0.0005" in dvc(project, "exp", "show", "--no-pager", "--csv")
 
     dvc(project, "push")  # the local remote of .dvc/config (a folder beside the repo's data)

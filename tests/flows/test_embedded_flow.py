@@ -53,7 +53,7 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     second = run([str(BIN / "prefect"), *retry_cmd[1:]], project, env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     # nothing before `train` again: dvc.lock records them as done; SFT, then RL, then the evaluate stage
-    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate-cli"]
     log = second.stdout + second.stderr
     assert log.count("Cached('up to date (dvc.lock)'") == 4
 
@@ -104,5 +104,5 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     before = len(stage_calls(project))
     third = run([PY, "-m", "flows", *overrides], project, env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert stage_calls(project)[before:] == ["annotate", "train", "rl", "evaluate-cli"]
+    assert stage_calls(project)[before:] == ["annotate", "train", "select", "rl", "evaluate-cli"]
     assert (third.stdout + third.stderr).count("Cached('up to date (dvc.lock)'") == 3

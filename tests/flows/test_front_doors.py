@@ -23,7 +23,7 @@ from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, s
 
 from vtg import checkpoints as ckpt
 
-STAGES = ["corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate"]
+STAGES = ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate"]
 
 
 def sh(cmd: list[str], cwd: Path, timeout: float = 900) -> str:
@@ -137,7 +137,7 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     # is switched off from here, to keep the test short: the rl stage still runs, saying so in its summary.)
     set_params(p, **{"train.max_steps": 6, "orchestration.rl": False})
     extended = dvc(p, "repro")
-    assert ran(extended) == ["train", "rl", "evaluate"] and "resumed from" in extended and "step 4" in extended
+    assert ran(extended) == ["train", "select", "rl", "evaluate"] and "resumed from" in extended and "step 4" in extended
     assert sorted(x.name for x in sft.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
     assert not list(p.glob("checkpoints/sft-superseded-*"))
     assert json.loads((p / "reports/rl/summary.json").read_text())["enabled"] is False
@@ -146,7 +146,7 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     # A trajectory change starts fresh and moves the old checkpoints aside (never deletes them), beside the root.
     set_params(p, **{"train.lr": 0.001, "train.max_steps": 2})  # 2 steps are enough to see a fresh start
     fresh = dvc(p, "repro")
-    assert ran(fresh) == ["train", "rl", "evaluate"] and "moved the checkpoints" in fresh
+    assert ran(fresh) == ["train", "select", "rl", "evaluate"] and "moved the checkpoints" in fresh
     [aside] = p.glob("checkpoints/sft-superseded-*")
     assert sorted(x.name for x in aside.glob("step-*")) == ["step-000002", "step-000004", "step-000006"]
     assert sorted(x.name for x in sft.glob("step-*")) == ["step-000002"]  # the new trajectory

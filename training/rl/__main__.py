@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="on rank 0, also write the run summary and the per-step metrics (\"history\") as JSON here")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, stage="rl")
     cfg = cfg.model_copy(update={"rl": stage_outputs("rl", cfg)})  # a side run's reports go beside its checkpoints
     from training.rl.loop import run_rl
 

@@ -58,7 +58,7 @@ from training.rl.start import (
 from vtg import checkpoints as ckpt
 from vtg import lineage
 from vtg.config import PipelineConfig, config_hash
-from vtg.config._base import trajectory_view, view_hash
+from vtg.config.keys import trajectory_view, view_hash
 from vtg.errors import VTGError
 from vtg.model.modeling import load_model_and_tokenizer, torch_dtype
 from vtg.model.processing import VisionParams

@@ -12,11 +12,10 @@ import torch
 from vtg import checkpoints as ckpt
 from vtg.answer import parse_answer
 from vtg.config import PipelineConfig
-from vtg.config._base import view_hash
 from vtg.errors import VTGError
 from vtg.model.generation import greedy_answers
 from vtg.queries import ReadStats, iter_examples
-from vtg.selection import SELECTION_SPLIT, pick_best
+from vtg.selection import SELECTION_SPLIT, checkpoint_identity, read_start, start_pointer_path
 from vtg.shards import list_shards
 from vtg.spans import best_iou
 
@@ -24,11 +23,11 @@ log = logging.getLogger("training.rl")
 
 
 def start_checkpoint(cfg: PipelineConfig) -> Path:
-    """`rl.init`: `best` = the SFT checkpoint that scores best on val by `evaluate.select_metric`, as the evaluate
-    stage scores and ranks them (`evaluation.api.evaluate_checkpoint` without touching the stage's outputs, so
-    results stored while SFT ran are reused and the evaluate stage reuses these; `vtg.selection.pick_best`),
-    `latest`, or a checkpoint directory. The start checkpoint's digests are verified: RL must not start from a
-    checkpoint whose files changed after they were saved."""
+    """`rl.init`: `best` = the SFT checkpoint the select stage chose on val (`<evaluate.select_dir>/start.json`,
+    written by `python -m evaluation.select`: `vtg.selection.read_start`; with a single SFT checkpoint and no
+    pointer, that one), `latest`, or a checkpoint directory. RL itself evaluates nothing to choose. The start
+    checkpoint's digests are verified: RL must not start from a checkpoint whose files changed after they were
+    saved."""
     init, root = cfg.rl.init, Path(cfg.train.out_dir)
     if init not in ("best", ckpt.LATEST):
         path = ckpt.resolve_checkpoint(init)
@@ -37,7 +36,10 @@ def start_checkpoint(cfg: PipelineConfig) -> Path:
         if not found:
             raise VTGError(f"{root}: no complete SFT checkpoint to start RL from (run `python -m training` first, "
                            "or set rl.init to a checkpoint directory)")
-        path = found[-1] if init == ckpt.LATEST or len(found) == 1 else best_on_val(cfg, found)
+        single = len(found) == 1 and not start_pointer_path(cfg).exists()
+        path = found[-1] if init == ckpt.LATEST or single else read_start(cfg, found)
+        log.info("RL starts from %s (rl.init=%s%s)", path, init,
+                 f", chosen on {SELECTION_SPLIT} by the select stage" if init == "best" and not single else "")
     try:
         ckpt.read_checkpoint_meta(path, verify=True)
     except VTGError as e:
@@ -45,44 +47,23 @@ def start_checkpoint(cfg: PipelineConfig) -> Path:
     return path
 
 
-def best_on_val(cfg: PipelineConfig, found: list[Path]) -> Path:
-    from evaluation.api import evaluate_checkpoint
-
-    select = cfg.evaluate.select_metric
-    results = []
-    for c in found:
-        res = evaluate_checkpoint(c, SELECTION_SPLIT, cfg, refresh=False)
-        log.info("RL start candidate %s: %s on %s %.4f, mIoU %.4f%s", c.name, select, SELECTION_SPLIT,
-                 res.metrics.get(select, float("nan")), res.metrics["miou"], " (stored)" if res.reused else "")
-        results.append(res.result)
-    best = pick_best(results, select, cfg.evaluate.forgetting.min_for_selection)
-    log.info("RL starts from %s (best of %d SFT checkpoints on %s by %s: %.4f)", best["checkpoint"], len(found),
-             SELECTION_SPLIT, select, best["summary"]["model"][select])
-    return Path(best["checkpoint"])
-
-
 def parent_digest(checkpoint: Path) -> str:
-    """The start checkpoint's identity: its meta.json's file list (sizes and sha256 of every file)."""
-    meta = ckpt.read_checkpoint_meta(checkpoint)
-    return view_hash({"files": meta.get(ckpt.FILES_KEY) or [], "step": meta.get("step")})
+    """The start checkpoint's identity (`vtg.selection.checkpoint_identity`)."""
+    return checkpoint_identity(checkpoint)
 
 
 # ---- the query pool -------------------------------------------------------------------------------------------
-def load_queries(cfg: PipelineConfig, split: str, limit: int) -> list:
-    """Every readable query of `split` with its frames (`vtg.queries`: one example per query); train queries from
-    training's shards, the others from evaluation's (as the evaluate stage reads them)."""
+def load_train_queries(cfg: PipelineConfig) -> list:
+    """Every readable query of training's split with its frames (`vtg.queries`: one example per query), from
+    training's shards, at most `rl.max_queries`."""
     stats = ReadStats()
-    shards_dir = cfg.train.shards_dir if split == cfg.train.data.split else cfg.evaluate.shards_dir
-    examples = list(iter_examples(list_shards(shards_dir, split), stats, limit=limit))
+    shards_dir, split = cfg.train.shards_dir, cfg.train.data.split
+    examples = list(iter_examples(list_shards(shards_dir, split), stats, limit=cfg.rl.max_queries))
     if stats.skipped:
         log.warning("RL: skipped unreadable %s samples: %s", split, dict(stats.skipped))
     if not examples:
         raise VTGError(f"{shards_dir}/{split}: no readable queries for RL")
     return examples
-
-
-def load_train_queries(cfg: PipelineConfig) -> list:
-    return load_queries(cfg, cfg.train.data.split, cfg.rl.max_queries)
 
 
 @torch.no_grad()

@@ -93,7 +93,8 @@ class PipelineConfig(Section):
 def output_roots_overlap(cfg: PipelineConfig) -> str | None:
     """Why two output roots overlap (a checkpoint root and another stage's output), or None."""
     roots = {"train.out_dir": cfg.train.out_dir, "rl.out_dir": cfg.rl.out_dir}
-    others = {**roots, "evaluate.out_dir": cfg.evaluate.out_dir, "evaluate.store_dir": cfg.evaluate.store_dir}
+    others = {**roots, "evaluate.out_dir": cfg.evaluate.out_dir, "evaluate.store_dir": cfg.evaluate.store_dir,
+              "evaluate.select_dir": cfg.evaluate.select_dir}
     for key, root in roots.items():
         a = Path(root).resolve()
         for other, path in others.items():

@@ -38,6 +38,9 @@ class EvaluateConfig(Section):
     """metrics.json, predictions.jsonl, report.html, plots and steps.csv of the last evaluated checkpoint."""
     store_dir: str = Field("reports/eval_runs", json_schema_extra=NOT_OUTPUT)
     """One directory per evaluated (checkpoint content, split, settings): makes re-evaluation a no-op."""
+    select_dir: str = Field("reports/select", json_schema_extra=NOT_OUTPUT)
+    """The select stage's outputs (`python -m evaluation.select`): `start.json`, the SFT checkpoint best on val
+    that RL starts from with `rl.init: best`, and `candidates.json`, the scores it was chosen from."""
     batch_size: int = Field(16, ge=1, json_schema_extra=NOT_OUTPUT)
     """Generation batch size."""
     max_new_tokens: int = Field(16, ge=1)

@@ -9,20 +9,25 @@ from vtg.net import NETWORK_TIMEOUT_S
 
 
 class StageEntryPoints(Section):
-    corpus: str = "corpus"
-    """Module run as `python -m <module>` to build the synthetic corpus."""
-    ingest: str = "ingest"
-    """Module that ingests annotations into canonical records."""
-    annotate: str = "annotate"
-    """Module of the automatic annotation stage (a pass-through when `annotate.enabled` is false)."""
-    preprocess: str = "beam_jobs.preprocess"
-    """Module of the Beam preprocessing job."""
-    train: str = "training"
-    """Module of the training entry point (launched by `train_launcher`)."""
-    rl: str = "training.rl"
-    """Module of the GRPO stage, run as `python -m <module>` after training (when `orchestration.rl`)."""
-    evaluate: str = "evaluation"
-    """Module of the evaluation CLI (`--checkpoint DIR --split S`)."""
+    """Which module runs each stage. Empty (the default): the module of the stage's `cmd` in dvc.yaml, the one
+    declaration of a stage (`vtg.stages.stage_module`); set one to plug in another implementation."""
+
+    corpus: str = ""
+    """The synthetic corpus (dvc.yaml: `python -m corpus`)."""
+    ingest: str = ""
+    """Annotations into canonical records (dvc.yaml: `python -m ingest`)."""
+    annotate: str = ""
+    """Automatic annotation, a pass-through when `annotate.enabled` is false (dvc.yaml: `python -m annotate`)."""
+    preprocess: str = ""
+    """The Beam preprocessing job (dvc.yaml: `python -m beam_jobs.preprocess`)."""
+    train: str = ""
+    """SFT, launched by `train_launcher` (dvc.yaml: `python -m training`)."""
+    select: str = ""
+    """The SFT checkpoint best on val, which RL starts from (dvc.yaml: `python -m evaluation.select`)."""
+    rl: str = ""
+    """GRPO after SFT, launched like training (dvc.yaml: `python -m training.rl`)."""
+    evaluate: str = ""
+    """The evaluate stage (dvc.yaml: `python -m evaluation`)."""
     evaluate_api: str = "evaluation.api:evaluate_checkpoint"
     """`module:function` called as `fn(checkpoint_dir, split, cfg)` by the per-checkpoint evaluator."""
 
@@ -61,9 +66,9 @@ class OrchestrationConfig(Section):
     """Deployment triggered by `checkpoint.saved` events."""
     eval_wait_s: float = Field(1800.0, gt=0)
     """How long the flow waits for outstanding checkpoint evaluations after training ends."""
-    state_dir: str = "reports/orchestration"
+    state_dir: str = Field("reports/orchestration", json_schema_extra=NOT_OUTPUT)
     """Checkpoint queues, embedded-evaluator logs and the per-checkpoint evaluation index of flow runs."""
-    report_path: str = "reports/pipeline_report.md"
+    report_path: str = Field("reports/pipeline_report.md", json_schema_extra=NOT_OUTPUT)
     """Final run report (markdown): lineage, shard manifest, metrics per checkpoint, links."""
     prefect_port: int = Field(4200, ge=1, le=65535)
     """Port of the Prefect server that `make serve` starts on 127.0.0.1."""

@@ -162,10 +162,13 @@ class TrainConfig(RunControl):
     save_every: int = Field(500, ge=1, json_schema_extra=RUN_LENGTH)
     """Checkpoint every N steps."""
     early_stop: bool = Field(False, json_schema_extra=RUN_LENGTH)
-    """End SFT cleanly on the overfitting signal: after each checkpoint it is evaluated on val (stored, reused by
-    the evaluator and the evaluate stage) and the run stops once the val eval loss rose at
-    `evaluate.overfit_patience` consecutive checkpoints while the training loss fell (training/early_stop.py;
-    the decision is kept in `<out_dir>/early_stop.json`, so a rerun does not train on)."""
+    """End SFT cleanly on the overfitting signal: after each checkpoint training scores it on its own val split
+    (`shards_dir`; the answer tokens' teacher-forced loss, as the evaluate stage computes `eval_loss`) and the
+    run stops once that loss rose at `early_stop_patience` consecutive checkpoints while the training loss fell
+    (training/early_stop.py; the decision is kept in `<out_dir>/early_stop.json`, so a rerun does not train on)."""
+    early_stop_patience: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
+    """With `early_stop`: how many consecutive rising val losses end the run (the evaluate stage's report warns
+    on its own `evaluate.overfit_patience`)."""
 
     @model_validator(mode="after")
     def _check(self):
