@@ -38,10 +38,10 @@ STANDINS = REPO / "tests" / "flows" / "standins"
 PY = sys.executable
 
 STANDIN = {"corpus": "standin_stages.corpus", "ingest": "standin_stages.ingest", "annotate": "standin_stages.annotate",
-           "preprocess": "standin_stages.preprocess", "train": "standin_stages.train", "rl": "standin_stages.rl",
-           "evaluate": "standin_stages.evaluate_cli"}
+           "preprocess": "standin_stages.preprocess", "train": "standin_stages.train", "select": "standin_stages.select",
+           "rl": "standin_stages.rl", "evaluate": "standin_stages.evaluate_cli"}
 REAL = {"corpus": "corpus", "ingest": "ingest", "annotate": "annotate", "preprocess": "beam_jobs.preprocess",
-        "train": "training", "rl": "training.rl", "evaluate": "evaluation"}
+        "train": "training", "select": "evaluation.select", "rl": "training.rl", "evaluate": "evaluation"}
 
 
 def overrides(real: bool, steps: int, full: bool = False) -> list[str]:
@@ -107,7 +107,7 @@ def direct(d: Path, mods: dict[str, str], ov: list[str]) -> dict[str, float]:
     env = env_for(d)
     args = ["--params", "params.yaml", *ov]
     # evaluate: every checkpoint, best on test
-    stages = ("corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate")
+    stages = ("corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate")
     return {s: round(timed([PY, "-m", mods[s], *args], d, env), 1) for s in stages}
 
 
