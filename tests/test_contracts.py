@@ -115,12 +115,12 @@ MODEL_CLASS = re.compile(r"(ForConditionalGeneration|VLConfig|_VL\w*Config|Decod
 
 
 def test_model_classes_are_named_only_by_the_family_module():
-    """Every model-specific class name (model, config, layer classes) lives in `vtg/model/families.py`: the rest
-    asks `family_of(config)`, so that adding a family is one module (issue 22)."""
-    home = REPO / "vtg" / "model" / "families.py"
+    """Every model-specific class name (model, config, layer classes) lives in `vtg/model/families/`: the rest
+    asks `family_of(config)`, so that adding a family is one module (issue 22, issue 36)."""
+    home = REPO / "vtg" / "model" / "families"
     bad = []
     for path, tree in _modules(*PACKAGES):
-        if path == home:
+        if path.is_relative_to(home):
             continue
         for node in ast.walk(tree):
             names = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else
@@ -129,3 +129,97 @@ def test_model_classes_are_named_only_by_the_family_module():
             bad += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
                     if MODEL_CLASS.search(n) and " " not in n]
     assert bad == [], "name model classes through vtg.model.families:\n" + "\n".join(bad)
+
+
+FAMILY_NAME = re.compile(r"^(qwen2_5_vl|qwen3_vl|qwen3_5)$")
+
+
+def test_family_names_are_spelled_only_in_the_family_modules():
+    """A family's name as a string (`"qwen3_vl"`) appears only under vtg/model/families/: everything else reaches
+    a family through its registry (`family_named`, `DEFAULT`, `QWEN3_VL.name`), so a family's facts cannot be
+    keyed by name strings in other files again (issue 36)."""
+    home = REPO / "vtg" / "model" / "families"
+    bad = [f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}" for path, tree in _modules(*PACKAGES)
+           if not path.is_relative_to(home) for node in ast.walk(tree)
+           if isinstance(node, ast.Constant) and isinstance(node.value, str) and FAMILY_NAME.match(node.value)]
+    assert bad == [], "name families through vtg.model.families:\n" + "\n".join(bad)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (every import statement, lazy ones too; a module and its own
+    package ancestors do not count), as ../shared/tools/import_cycles.py reads them."""
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    tops = {m.split(".")[0] for m in mods}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, path in mods.items():
+        pkg = m if path.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for n in names:
+                if n.split(".")[0] not in tops:
+                    continue
+                while n and n not in mods:
+                    n = n.rpartition(".")[0]
+                if n and n != m and not m.startswith(n + ".") and not n.startswith(m + "."):
+                    graph[m].add(n)
+    return graph
+
+
+def test_no_import_cycle_anywhere():
+    """No two project modules import each other, directly or around a circle, lazy imports included (issue 36:
+    three circles were opened; this keeps them at zero)."""
+    graph = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert len(graph) > 150 and cycles == [], "import cycles:\n" + "\n".join(" ".join(c) for c in cycles)
+
+
+def test_training_imports_nothing_from_evaluation():
+    """Training gets what it needs of evaluation handed in (early stop's evaluator) or as a file (RL's start:
+    the select stage's pointer), never by import (issue 36)."""
+    graph = _import_graph()
+    bad = sorted(f"{m} -> {n}" for m, deps in graph.items() if m.split(".")[0] == "training"
+                 for n in deps if n.split(".")[0] == "evaluation")
+    assert bad == [], "\n".join(bad)

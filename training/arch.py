@@ -5,10 +5,16 @@ VLM's text and vision shapes from its config, and `arch_for`, which finds them f
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vtg.model.tokens import own_tokenizer
+
+
+def _default_model_type() -> str:
+    from vtg.model.families import DEFAULT
+
+    return DEFAULT.model_types[0]
 
 
 @dataclass(frozen=True)
@@ -18,9 +24,9 @@ class Arch:
     text: dict
     vision: dict
     tie_word_embeddings: bool = False
-    model_type: str = "qwen2_5_vl"
-    """The config's `model_type` (`vtg.model.families`): Qwen2.5-VL is counted from its shapes, the others
-    from a meta-device instance of their config."""
+    model_type: str = field(default_factory=lambda: _default_model_type())
+    """The config's `model_type` (`vtg.model.families`; default: the default family's): a family with
+    `counted_from_shapes` (Qwen2.5-VL) is counted from its shapes, the others from a meta-device instance."""
 
     @classmethod
     def from_config_json(cls, config: dict) -> Arch:
@@ -28,7 +34,7 @@ class Arch:
         text = config.get("text_config") or config
         return cls(text, config["vision_config"],
                    bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-                   config.get("model_type", "qwen2_5_vl"))
+                   config.get("model_type", _default_model_type()))
 
     @classmethod
     def from_facts(cls, facts: dict) -> Arch:
@@ -62,7 +68,7 @@ class Arch:
         """(total parameters, largest single parameter) of `Qwen2_5_VLForConditionalGeneration`, counted from the
         shapes (equals a meta-device instance and the published safetensors: tests/training/test_train_plan.py);
         other families: counted on a meta-device instance."""
-        if self.model_type != "qwen2_5_vl":
+        if not self.family.counted_from_shapes:
             from vtg.model.families import meta_param_count
 
             return meta_param_count(self.model_type, self.text, self.vision, self.tie_word_embeddings)

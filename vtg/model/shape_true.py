@@ -237,15 +237,18 @@ def _tokenizer_for(vocab: int, facts: dict):
 def layout_size(facts: dict) -> int:
     """Where the family's real tokenizer's vision specials end (its ranks, then `<|endoftext|>` .. `<|video_pad|>`):
     151,657 for Qwen2.5-VL and Qwen3-VL, 248,058 for Qwen3.5. A vocabulary this large keeps the real tokenizer."""
-    from vtg.model.qwen_tokenizer import TOKENIZERS
+    from vtg.model.families import FAMILIES
 
-    spec = TOKENIZERS.get(facts_family(facts))
+    family = FAMILIES.get(facts_family(facts))
+    spec = family.tokenizer if family else None
     return (spec.first_added if spec else QWEN_FIRST_SPECIAL) + len(QWEN_SPECIALS)
 
 
 def facts_family(facts: dict) -> str:
     """The family name of a facts file (the Qwen2.5-VL files predate the `family` field)."""
-    return facts.get("family", "qwen2_5_vl")
+    from vtg.model.families import QWEN2_5_VL
+
+    return facts.get("family", QWEN2_5_VL.name)
 
 
 def real_tokenizer(facts: dict):

@@ -1,10 +1,10 @@
 """Tiny models of each family (same architecture, random init) and a locally trained tokenizer, for CPU runs.
 
-`tiny` is a tiny Qwen2.5-VL, docs/environment.md's recipe: text 64 wide x 2 layers, 4 heads / 2 KV heads,
-`mrope_section` [4, 2, 2]; vision 32 wide x 2 blocks, patch 14, merge 2, temporal patch 2. `tiny-qwen3_vl` is a
-Qwen3-VL of the same widths with 4 layers (head dim 16, interleaved `mrope_section` [2, 3, 3]; patch 16, one
-deepstack layer)
-and `tiny-qwen3_5` a Qwen3.5 (3 Gated DeltaNet layers + 1 full-attention layer). All share a byte-level BPE (~390
+`tiny` is a tiny model of the default family (Qwen2.5-VL), `tiny-<family>` one of another; each family's recipe
+(its `Family.tiny`, in `vtg/model/families/<family>.py`): Qwen2.5-VL text 64 wide x 2 layers, 4 heads / 2 KV heads,
+`mrope_section` [4, 2, 2], vision 32 wide x 2 blocks, patch 14; Qwen3-VL the same widths with 4 layers (head dim
+16, interleaved `mrope_section` [2, 3, 3]; patch 16, one deepstack layer); Qwen3.5 3 Gated DeltaNet layers + 1
+full-attention layer. All share a byte-level BPE (~390
 tokens, single digits) with the Qwen-VL special tokens and a chat template, and write their family's published
 processor configs (patch geometry their own). Built deterministically from `seed` and saved with
 `save_pretrained`, so they reload like any hub checkpoint. Nothing is downloaded.
@@ -38,33 +38,21 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                 "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
-TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 14, "spatial_merge_size": 2,
-                   "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1], "tokens_per_second": 2,
-                   "out_hidden_size": 64}
-_TINY_QWEN3_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                        "mrope_interleaved": True}}
-_TINY_QWEN3_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
-                      "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 64,
-                      "num_position_embeddings": 256, "deepstack_visual_indexes": [0]}
-TINY_RECIPES: dict[str, tuple[dict, dict]] = {
-    "qwen2_5_vl": (TINY_TEXT, TINY_VISION),
-    # 4 layers: with time as text the model must find the frames that show the event and read the time written
-    # before them; 2 layers of 64 reached test R@1@0.5 0.63-0.83, 4 layers 0.85 (README, "Model families")
-    "qwen3_vl": ({**_TINY_QWEN3_TEXT, "num_hidden_layers": 4}, _TINY_QWEN3_VISION),
-    "qwen3_5": ({**_TINY_QWEN3_TEXT, "num_hidden_layers": 4, "partial_rotary_factor": 0.5,
-                 "layer_types": ["linear_attention"] * 3 + ["full_attention"], "linear_conv_kernel_dim": 4,
-                 "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
-                 "linear_num_value_heads": 4,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                     "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
-                {k: v for k, v in _TINY_QWEN3_VISION.items() if k != "deepstack_visual_indexes"}),
-}
-"""(text, vision) config fields of each family's tiny model."""
+
+
+def tiny_recipes() -> dict[str, tuple[dict, dict]]:
+    """(text, vision) config fields of each family's tiny model (`Family.tiny`, in its module)."""
+    from vtg.model.families import FAMILIES
+
+    return {name: f.tiny for name, f in FAMILIES.items()}
+
+
+def _default() -> str:
+    from vtg.model.families import DEFAULT
+
+    return DEFAULT.name
+
+
 TINY_PREFIX = "tiny"
 TINY_VERSION = "4"  # bump when a recipe changes: cached builds are keyed by it (4: tiny Qwen3-VL has 4 layers)
 
@@ -106,22 +94,23 @@ def build_tokenizer(seed: int = 0):
 def tiny_family(base: str) -> str | None:
     """The family of a tiny base name (`tiny`: Qwen2.5-VL, `tiny-<family>`), None for any other base."""
     if base == TINY_PREFIX:
-        return "qwen2_5_vl"
+        return _default()
     family = base.removeprefix(TINY_PREFIX + "-") if base.startswith(TINY_PREFIX + "-") else None
-    if family is not None and family not in TINY_RECIPES:
+    if family is not None and family not in tiny_recipes():
         from vtg.errors import ConfigError
 
         raise ConfigError(f"{base!r}: no tiny recipe for family {family!r} (known: "
-                          f"{', '.join(TINY_PREFIX + '-' + f for f in TINY_RECIPES)})")
+                          f"{', '.join(TINY_PREFIX + '-' + f for f in tiny_recipes())})")
     return family
 
 
-def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None, family: str = "qwen2_5_vl"):
+def tiny_config(tokenizer, text: dict | None = None, vision: dict | None = None, family: str | None = None):
     """The family's tiny recipe's config (or a bigger one: `text`/`vision` override the recipe's fields)."""
     from vtg.model.families import family_named
 
+    family = family or _default()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    base_text, base_vision = TINY_RECIPES[family]
+    base_text, base_vision = family_named(family).tiny
     text = dict(base_text, **(text or {}), vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"],
                 eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     return family_named(family).config_cls()(
@@ -162,7 +151,7 @@ def _build_into(out_dir: Path, seed: int, family: str) -> None:
 
 def _marker(seed: int, family: str) -> dict:
     marker = {"seed": seed, "version": TINY_VERSION}
-    return marker if family == "qwen2_5_vl" else {**marker, "family": family}
+    return marker if family == _default() else {**marker, "family": family}
 
 
 def default_cache_dir() -> Path:
@@ -170,16 +159,17 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / ".cache" / "tiny_models"
 
 
-def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
+def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0, family: str | None = None) -> Path:
     """Build (once) the family's tiny model + tokenizer and return its directory (an HF export).
 
     With `out_dir=None` the build lands in a cache keyed by (recipe version, seed) under `.cache/tiny_models`
     (or `$VTG_TINY_CACHE`), so repeated calls and tests reuse it. Same seed -> identical weights. The directory
     appears atomically (built in a temp dir, then renamed), so concurrent builders never see half a model.
     """
-    if family not in TINY_RECIPES:
-        raise ValueError(f"no tiny recipe for family {family!r} (known: {', '.join(TINY_RECIPES)})")
-    suffix = "" if family == "qwen2_5_vl" else f":{family}"
+    family = family or _default()
+    if family not in tiny_recipes():
+        raise ValueError(f"no tiny recipe for family {family!r} (known: {', '.join(tiny_recipes())})")
+    suffix = "" if family == _default() else f":{family}"
     key = hashlib.sha256(f"{TINY_VERSION}:{seed}{suffix}".encode()).hexdigest()[:10]
     name = f"tiny-s{seed}-{key}" if not suffix else f"tiny-{family}-s{seed}-{key}"
     out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
