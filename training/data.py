@@ -66,6 +66,10 @@ class StreamSpec:
     """Batches of this rank's stream already consumed (exact resume)."""
     keep: tuple[float, float] = (1.0, 1.0)
     """(probability a labelled query is kept, probability an auto-labelled one is: `source_keep`)."""
+    mix: tuple[tuple[str, float, str, tuple[str, ...]], ...] = ()
+    """`train.data.mix` as (name, weight, suite path or "" for the grounding shards, source ids); () : no mix."""
+    general_frames: tuple[int, int] = (8, 56)
+    """(frames, frame size) a general-task item is encoded at (`evaluate.forgetting`'s, as it is asked)."""
 
 
 class ErrorLog:
@@ -196,7 +200,7 @@ class Expander:
                                                    answer_text(q.windows), self.vision)
                 yield {"key": f"{meta.key}#{qi}", "jpegs": jpegs, "timestamps": meta.frame_timestamps,
                        "query": q.text, "windows": q.windows, "n_tokens": len(prompt) + len(answer),
-                       "auto": is_auto(q.source)}
+                       "auto": is_auto(q.source), "source": q.source or meta.source}
 
 
 def source_keep(rows: list[dict], auto_share: float | None) -> tuple[float, float]:
@@ -223,6 +227,95 @@ def keep_by_source(examples: Iterator[dict], keep: tuple[float, float], rng: ran
     for ex in examples:
         if rng.random() < keep[1 if ex["auto"] else 0]:
             yield ex
+
+
+@lru_cache(maxsize=8)
+def _suite_clips(suite: str, num_frames: int, frame_size: int) -> tuple[tuple, ...]:
+    """(item, frames, times) of every item of a general-task suite, each clip decoded once per process."""
+    from vtg.general_tasks import load_frames, read_suite
+
+    items, clips = read_suite(suite), {}
+    out = []
+    for item in items:
+        where = (item.video or item.image, item.start_s, item.end_s)
+        if where not in clips:
+            clips[where] = load_frames(item, num_frames, frame_size)
+        out.append((item, *clips[where]))
+    return tuple(out)
+
+
+def general_rows(name: str, suite: str, frames: tuple[int, int], tokenizer, vision: VisionParams) -> list[dict]:
+    """A suite's items as raw training examples: frames decoded, the item's answer the target, exact token count."""
+    from vtg.general_tasks import answer_text as general_answer
+    from vtg.general_tasks import prompt_text
+
+    rows = []
+    for item, arr, times in _suite_clips(suite, *frames):
+        grid = video_grid(len(arr), arr.shape[1], arr.shape[2], vision)
+        prompt, answer, _, _ = example_ids(tokenizer, grid, times, prompt_text(item), general_answer(item), vision)
+        rows.append({"key": f"{name}:{item.id}", "frames": arr, "timestamps": list(times), "query": prompt_text(item),
+                     "answer": general_answer(item), "n_tokens": len(prompt) + len(answer), "auto": False,
+                     "mix": name})
+    return rows
+
+
+def check_mix_suites(mix) -> None:
+    """Every suite `train.data.mix` replays exists (one line naming it, before any work)."""
+    for m in mix:
+        if m.suite and not Path(m.suite).is_file():
+            raise VTGError(f"train.data.mix {m.name!r}: suite {m.suite} does not exist (a general-task jsonl, "
+                           "vtg/general_tasks.py; the synthetic corpus writes data/raw/synthetic/general/)")
+
+
+def longest_general(mix, frames: tuple[int, int], tokenizer, vision: VisionParams) -> tuple[int, str] | None:
+    """(tokens, key) of the longest general-task item `train.data.mix` replays (pre-flight counts it), or None."""
+    check_mix_suites(mix)
+    rows = [r for m in mix if m.suite for r in general_rows(m.name, m.suite, frames, tokenizer, vision)]
+    return max(((r["n_tokens"], r["key"]) for r in rows), default=None)
+
+
+def general_examples(name: str, suite: str, frames: tuple[int, int], tokenizer, vision: VisionParams,
+                     seed: str) -> Iterator[dict]:
+    """A suite's items as raw training examples (`general_rows`), forever: a fresh seeded permutation per pass,
+    so the order depends only on (seed, pass)."""
+    rows = general_rows(name, suite, frames, tokenizer, vision)
+    epoch = 0
+    while True:
+        order = list(range(len(rows)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        yield from (rows[i] for i in order)
+        epoch += 1
+
+
+def check_mix_sources(mix, data_sources: list[dict], shards_dir: str, split: str) -> None:
+    """Every grounding source a `train.data.mix` entry selects is one the shards hold (`vtg.shards.data_sources`):
+    a filter that keeps nothing would never yield. One line otherwise."""
+    known = {r["source"] for r in data_sources}
+    for m in mix:
+        if m.sources and not known:
+            raise VTGError(f"train.data.mix {m.name!r} selects sources {m.sources}, but the shards in {shards_dir} "
+                           "have no manifest with per-source counts (rerun preprocess)")
+        if set(m.sources) - known:
+            raise VTGError(f"train.data.mix {m.name!r}: sources {sorted(set(m.sources) - known)} are not in the "
+                           f"{split} shards (they hold {', '.join(sorted(known))})")
+
+
+def interleave(streams: dict[str, Iterator[dict]], weights: dict[str, float], rng: random.Random) -> Iterator[dict]:
+    """One example at a time from the source `rng` draws by `weights` (one draw per stream position, so the same
+    seed gives the same mix and a resume replays it exactly); ends when a drawn source ends."""
+    names = list(weights)
+    total = sum(weights.values())
+    cum, acc = [], 0.0
+    for n in names:
+        acc += weights[n] / total
+        cum.append(acc)
+    while True:
+        r = rng.random()
+        name = names[next((i for i, c in enumerate(cum) if r < c), len(names) - 1)]
+        try:
+            yield next(streams[name])
+        except StopIteration:
+            return
 
 
 def token_budget_batches(examples: Iterator[dict], max_batch: int, token_budget: int) -> Iterator[list[dict]]:
@@ -343,12 +436,8 @@ class ShardStream(torch.utils.data.IterableDataset):
         # worker (w + k) mod W, and skips the batches that logical worker already delivered.
         logical = (worker + s.skip_batches) % num_workers
         skip = max(0, -(-(s.skip_batches - logical) // num_workers))
-        src = wds.split_by_node(shard_epochs(s.urls, s.seed, s.resampled))
-        src = islice(src, logical, None, num_workers)
-        samples = shard_samples(src, errors)
-        examples = Expander(self.tokenizer, self.vision, errors)(samples)
-        if s.keep != (1.0, 1.0):
-            examples = keep_by_source(examples, s.keep, random.Random(f"mix:{s.seed}:{rank}:{logical}"))
+        examples = (self.mixed(errors, rank, logical, num_workers) if s.mix else
+                    self.grounding(errors, rank, logical, num_workers))
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
         examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
         order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged
@@ -359,16 +448,43 @@ class ShardStream(torch.utils.data.IterableDataset):
             batches = length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
         return islice(batches, skip, None)
 
+    def grounding(self, errors: ErrorLog, rank: int, logical: int, num_workers: int,
+                  sources: tuple[str, ...] = (), name: str | None = None) -> Iterator[dict]:
+        """This worker's grounding examples (one per query), thinned by `keep`; only `sources` when given."""
+        s = self.spec
+        src = wds.split_by_node(shard_epochs(s.urls, s.seed, s.resampled))
+        src = islice(src, logical, None, num_workers)
+        examples = Expander(self.tokenizer, self.vision, errors)(shard_samples(src, errors))
+        if s.keep != (1.0, 1.0):
+            examples = keep_by_source(examples, s.keep, random.Random(f"mix:{s.seed}:{rank}:{logical}"))
+        if sources:
+            examples = (ex for ex in examples if ex["source"] in sources)
+        if name is not None:
+            examples = ({**ex, "mix": name} for ex in examples)
+        return examples
+
+    def mixed(self, errors: ErrorLog, rank: int, logical: int, num_workers: int) -> Iterator[dict]:
+        """`train.data.mix`: each position's source drawn by weight (seeded per rank and logical worker)."""
+        s, streams, weights = self.spec, {}, {}
+        for name, weight, suite, sources in s.mix:
+            weights[name] = weight
+            streams[name] = (general_examples(name, suite, s.general_frames, self.tokenizer, self.vision,
+                                              f"mixitems:{s.seed}:{rank}:{logical}:{name}") if suite else
+                             self.grounding(errors, rank, logical, num_workers, tuple(sources), name))
+        return interleave(streams, weights, random.Random(f"mixsrc:{s.seed}:{rank}:{logical}"))
+
     def encode(self, raw: list[dict], errors: ErrorLog) -> list[dict]:
         out = []
         for ex in raw:
             try:
-                frames = decode_jpegs(ex["jpegs"])
-                enc = encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"],
-                                     answer_text(ex["windows"]), vision=self.vision,
-                                     max_length=self.spec.max_seq_len, key=ex["key"])
+                frames = ex["frames"] if "frames" in ex else decode_jpegs(ex["jpegs"])
+                answer = ex["answer"] if "answer" in ex else answer_text(ex["windows"])
+                enc = encode_example(self.tokenizer, frames, ex["timestamps"], ex["query"], answer,
+                                     vision=self.vision, max_length=self.spec.max_seq_len, key=ex["key"])
                 if "pack_row" in ex:
                     enc["pack_row"] = ex["pack_row"]
+                if self.spec.mix:
+                    enc["mix"] = ex["mix"]
                 out.append(enc)
             except ValueError as e:
                 errors.add(f"bad_example: {str(e).splitlines()[0][:200]}", ex["key"])
@@ -379,12 +495,15 @@ class ShardStream(torch.utils.data.IterableDataset):
         pad = self.tokenizer.pad_token_id
         for raw in self.raw_batches(errors):
             examples = self.encode(raw, errors)
+            mix = [ex.pop("mix") for ex in examples] if self.spec.mix else []
             if not examples:
                 batch = {"keys": []}
             elif self.spec.packing:
                 batch = pack(examples, pad)
             else:
                 batch = collate(examples, pad)
+            if self.spec.mix:
+                batch["mix"] = mix
             batch["data_errors"] = errors.drain()
             yield batch
 

@@ -18,7 +18,15 @@ import torch
 
 from training import early_stop
 from training.callbacks import Callback, CallbackList, default_callbacks
-from training.data import StreamSpec, make_loader, read_examples, resolve_urls, source_keep
+from training.data import (
+    StreamSpec,
+    check_mix_sources,
+    check_mix_suites,
+    make_loader,
+    read_examples,
+    resolve_urls,
+    source_keep,
+)
 from training.dist import (
     all_reduce_max,
     all_reduce_sum,
@@ -71,6 +79,8 @@ class RunState:
     skipped_batches: int = 0
     data_errors: int = 0
     losses: list[float] = field(default_factory=list)
+    mix_counts: dict[str, int] = field(default_factory=dict)
+    """`train.data.mix`: examples trained on per source, this rank (meta.json sums the ranks)."""
 
 
 PADDING_ADVICE = 0.2
@@ -119,6 +129,7 @@ class Trainer:
         seed_everything(self.tcfg.seed)
         set_determinism(self.tcfg.deterministic)
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
+        check_mix_suites(self.tcfg.data.mix)
         self.callbacks = CallbackList(default_callbacks(self.cfg, self.dist.is_main) if callbacks is None
                                       else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
@@ -132,6 +143,7 @@ class Trainer:
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
                                       if self.dist.is_main else None, self.dist)
+        check_mix_sources(self.tcfg.data.mix, self.data_sources, self.tcfg.shards_dir, self.tcfg.data.split)
         self.git_commit = lineage.git_commit()
         self.trainable, self.total = count_parameters(self.model)
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
@@ -189,6 +201,8 @@ class Trainer:
                 "base_path": self.base_path, "samples_seen": self.state.samples,
                 "metrics": {"train/loss": last_loss, TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)},
                 "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
+        if self.tcfg.data.mix:
+            meta["data_mix"] = self.mix_totals()
         state = {"run": self.state.__dict__, "guard": self.guard.state_dict(), "num_workers": self.tcfg.data.num_workers}
         final = self.run.save(self.state.step, self.engine, self.tokenizer, state, meta)
         if final is not None:
@@ -202,7 +216,10 @@ class Trainer:
                           shuffle_buffer=d.shuffle_buffer, micro_batch_size=self.tcfg.micro_batch_size,
                           token_budget=d.token_budget, length_groups=d.length_groups, max_seq_len=d.max_seq_len,
                           packing=d.packing, pack_length=d.pack_length, one_row=self.one_row,
-                          skip_batches=self.state.batches, keep=source_keep(self.data_sources, d.auto_share))
+                          skip_batches=self.state.batches, keep=source_keep(self.data_sources, d.auto_share),
+                          mix=tuple((m.name, m.weight, m.suite, tuple(m.sources)) for m in d.mix),
+                          general_frames=(self.cfg.evaluate.forgetting.num_frames,
+                                          self.cfg.evaluate.forgetting.frame_size))
         return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
 
     def run_info(self) -> dict:
@@ -229,6 +246,7 @@ class Trainer:
         micro_losses: list[float] = []
         step_samples = 0
         window = self.monitor.new_window()
+        mix_window: dict[str, int] = {}
         last_loss, completed = float("nan"), st.step >= stop_at
         early = None
         recorded = early_stop.stopped_at(self.cfg, train_hash(t)) if t.early_stop and st.step else None
@@ -267,6 +285,9 @@ class Trainer:
             window["tokens"] += float(batch["attention_mask"].sum())
             window["slots"] += batch["input_ids"].numel()
             window["samples"] += len(batch["keys"])
+            for name in batch.get("mix", ()):
+                st.mix_counts[name] = st.mix_counts.get(name, 0) + 1
+                mix_window[name] = mix_window.get(name, 0) + 1
             window["patches"] += vision_patches(batch)
             step_samples += len(batch["keys"])
             step_lr = self.engine.lr()  # the lr this optimizer step uses (the scheduler moves on inside step())
@@ -282,8 +303,8 @@ class Trainer:
             window["steps"] += 1
             self.monitor.poll()
             if st.step % t.log_every == 0 or st.step == stop_at:
-                self._log_window(window, last_loss, step_lr)
-                window = self.monitor.new_window()
+                self._log_window(window, last_loss, step_lr, mix_window)
+                window, mix_window = self.monitor.new_window(), {}
             completed = st.step >= stop_at
             if st.step % t.save_every == 0 or st.step == stop_at:
                 saved = self.save(last_loss)
@@ -297,6 +318,7 @@ class Trainer:
                    "data_errors": st.data_errors, "wall_s": wall, "samples_seen": st.samples,
                    "steps_per_s": (st.step - start_step) / wall if wall > 0 else 0.0,
                    "completed": st.step >= t.max_steps or early is not None, "early_stop": early,
+                   "data_mix": self.mix_totals(),
                    **self.monitor.summary(), "losses": list(st.losses)}
         self.callbacks.on_train_end(summary)
         return summary
@@ -313,16 +335,38 @@ class Trainer:
             return None
         return signal or early_stop.stopped_at(self.cfg, train_hash(self.tcfg)) or {"step": self.state.step}
 
-    def _log_window(self, window: dict, loss: float, lr: float) -> None:
+    def _log_window(self, window: dict, loss: float, lr: float, mix_window: dict[str, int]) -> None:
         """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;
-        every rank calls this); the loss is this step's, all-rank mean, the lr the one this step used."""
+        every rank calls this); the loss is this step's, all-rank mean, the lr the one this step used; with
+        `train.data.mix`, each source's share of the window's examples (`data/mix/<name>`)."""
         st = self.state
         norm = self.engine.grad_norm()
         perf = self.monitor.window_metrics(window)
         self._advise_batching(perf.get("perf/padding_frac"))
         self.callbacks.on_step(st.step, {
             "train/loss": loss, "train/lr": lr, "train/grad_norm": float("nan") if norm is None else norm,
-            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf})
+            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf,
+            **self._mix_shares(mix_window)})
+
+    def _mix_shares(self, counts: dict[str, int]) -> dict[str, float]:
+        """Each mix source's share of `counts` summed over ranks (every rank calls this); {} without a mix."""
+        names = [m.name for m in self.tcfg.data.mix]
+        if not names:
+            return {}
+        total = all_reduce_sum([float(counts.get(n, 0)) for n in names], self.dist.device)
+        n = sum(total) or 1.0
+        return {f"data/mix/{name}": v / n for name, v in zip(names, total, strict=True)}
+
+    def mix_totals(self) -> dict | None:
+        """`train.data.mix`'s weights and the examples trained on per source, all ranks (every rank calls this)."""
+        mix = self.tcfg.data.mix
+        if not mix:
+            return None
+        counts = all_reduce_sum([float(self.state.mix_counts.get(m.name, 0)) for m in mix], self.dist.device)
+        total = sum(counts) or 1.0
+        return {"weights": {m.name: m.weight for m in mix},
+                "counts": {m.name: int(c) for m, c in zip(mix, counts, strict=True)},
+                "shares": {m.name: c / total for m, c in zip(mix, counts, strict=True)}}
 
     def _advise_batching(self, padding: float | None) -> None:
         d = self.tcfg.data

@@ -27,6 +27,22 @@ class ModelConfig(Section):
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
 
 
+class MixSource(Section):
+    """One source of `train.data.mix`: the grounding shards (all of them, or the queries of some declared sources)
+    or a general-task suite (`vtg/general_tasks.py`'s jsonl), drawn with probability `weight` / sum of weights."""
+
+    name: str = Field(min_length=1)
+    """What the counts are logged under (`data/mix/<name>`, meta.json `data_mix`)."""
+    weight: float = Field(gt=0)
+    """Relative sampling weight (the shares are the weights over their sum)."""
+    suite: str = ""
+    """A general-task suite to replay (e.g. `data/raw/synthetic/general/teach.jsonl`, what a tiny base was taught;
+    each item encoded by the family's own encoder at `evaluate.forgetting.num_frames` x `frame_size`, loss on
+    its answer only); empty: the grounding shards of `train.shards_dir`."""
+    sources: list[str] = Field(default_factory=list)
+    """Grounding only: keep the queries of these declared source ids (`ingest.sources`); empty: every source."""
+
+
 class DataConfig(Section):
     split: str = "train"
     """Shard split to train on (`<shards_dir>/<split>/shard-*.tar`)."""
@@ -70,6 +86,24 @@ class DataConfig(Section):
     Recorded in the export's tokenizer config."""
     sanity_examples: int = Field(32, ge=1)
     """Examples checked before step 1 (answer mask, labels, lengths)."""
+    mix: list[MixSource] = Field(default_factory=list)
+    """Multi-source mixing (LLaMA-Factory's `interleave_probs`, ms-swift's sampling ratios): named sources with
+    weights, e.g. `[{name: grounding, weight: 0.9}, {name: colours, weight: 0.1, suite: <teach suite>}]` replays
+    the general task beside grounding. Each stream position draws its source from a seeded generator (per rank and
+    worker), so a resume is bit-exact at any world size; the counts per source reach the log, meta.json and MLflow.
+    Empty: the grounding shards alone."""
+
+    @model_validator(mode="after")
+    def _check_mix(self):
+        names = [m.name for m in self.mix]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.mix: source names must be unique (got {names})")
+        if self.mix and not any(not m.suite for m in self.mix):
+            raise ValueError("data.mix needs at least one grounding source (an entry without `suite`)")
+        for m in self.mix:
+            if m.suite and m.sources:
+                raise ValueError(f"data.mix {m.name!r}: `sources` selects grounding queries; a suite has none")
+        return self
 
     @model_validator(mode="after")
     def _check_packing(self):
