@@ -38,6 +38,8 @@ class Chain:
     source_digest: str | None = None
     data_sources: str | None = None
     """Sources and licences of the training queries (`vtg.sources.describe`)."""
+    data_mix: str | None = None
+    """With `train.data.mix`: what SFT was trained on per mix source (`describe_mix`)."""
     shard_digest: str | None = None
     dvc_md5: str | None = None
     preprocess: dict[str, str] = field(default_factory=dict)
@@ -115,6 +117,7 @@ def build_chain(c, exp_id: str, target: str) -> Chain:
         ch.data_sources = t.get(L.TAG_DATA_SOURCES)
     if meta.get("data_sources") is not None:  # the checkpoint's own word wins over a tag
         ch.data_sources = describe(meta["data_sources"])
+    ch.data_mix = describe_mix(meta.get("data_mix"))
     pipeline = _run(c, (train or run).data.tags.get(PARENT_TAG)) if (train or run) is not None else None
     if run is not None and run.data.tags.get(L.TAG_STAGE) == "pipeline":
         pipeline = run
@@ -181,7 +184,7 @@ def _rl_chain(c, exp_id: str, ch: Chain, rl_run, meta: dict[str, Any]) -> Chain:
     ch.parent_present = parent is not None
     if parent:
         sft = build_chain(c, exp_id, parent)
-        for k in ("source_digest", "data_sources", "shard_digest", "dvc_md5", "preprocess", "pipeline_run",
+        for k in ("source_digest", "data_sources", "data_mix", "shard_digest", "dvc_md5", "preprocess", "pipeline_run",
                   "flow_run", "train_run", "train_params", "git_commit", "config_hash"):
             setattr(ch, k, getattr(sft, k))
         ch.parent_step = ch.parent_step if ch.parent_step is not None else sft.step
@@ -205,11 +208,21 @@ def model_metrics(metrics: dict[str, float], split: str) -> dict[str, float]:
     return out
 
 
+def describe_mix(mix: dict | None) -> str | None:
+    """meta.json's `data_mix` in a line: "grounding 18 (75%), colours 6 (25%) examples" (None without a mix)."""
+    if not mix or not mix.get("counts"):
+        return None
+    shares = mix.get("shares") or {}
+    parts = [f"{name} {n} ({100 * shares.get(name, 0):.0f}%)" for name, n in mix["counts"].items()]
+    return ", ".join(parts) + " examples (train.data.mix)"
+
+
 def render(ch: Chain) -> str:
     pre = ", ".join(f"{k.removeprefix('preprocess.')}={v}" for k, v in list(ch.preprocess.items())[:12])
     lines = [
         f"source      annotations + videos digest {ch.source_digest or '?'}",
         f"  trained on {ch.data_sources or '? (sources not recorded)'}",
+        *([f"  mixed      {ch.data_mix}"] if ch.data_mix else []),
         f"  -> shards data version {ch.shard_digest or '?'}  (DVC md5 {ch.dvc_md5 or '-'})",
         f"  -> preprocess params {pre or '?'}",
         f"  -> train run {ch.train_run or '?'}  commit {ch.git_commit or '?'}  config {ch.config_hash or '?'}",

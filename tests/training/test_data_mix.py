@@ -143,6 +143,10 @@ def test_a_mixed_run_counts_its_sources_and_resumes_bit_exact(shards_dir, suite,
     assert sum(mix["counts"].values()) == straight["samples_seen"] == 6 * 4
     assert mix["counts"]["colours"] > 0 and mix["weights"] == {"grounding": 0.75, "colours": 0.25}
     assert read_checkpoint_meta(tmp_path / "a" / "latest")["data_mix"] == mix
+    from flows.lineage import describe_mix
+
+    line = describe_mix(mix)  # what `python -m flows.lineage <checkpoint>` prints under "trained on"
+    assert line.startswith(f"grounding {mix['counts']['grounding']} (") and f"colours {mix['counts']['colours']} (" in line
     client = mlflow.tracking.MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("vtg-posttrain").experiment_id])[0]
     shares = [m.value for m in client.get_metric_history(run.info.run_id, "data/mix/colours")]
