@@ -39,6 +39,7 @@ FRAMES = (8, 144)
 def write_corpus(root: Path, n: int, seed: int = 0) -> tuple[Path, list[int]]:
     """Train shards of `n` windows of varied length (val/test: a few, for the loop's checks); the frame counts."""
     from vtg import shards
+    from vtg.testing.shards import synthetic_window
 
     rng = np.random.default_rng(seed)
     frames = []
@@ -47,8 +48,8 @@ def write_corpus(root: Path, n: int, seed: int = 0) -> tuple[Path, list[int]]:
         for i in range(count):
             f = int(rng.integers(FRAMES[0] // 2, FRAMES[1] // 2 + 1)) * 2
             frames.append(f)
-            samples.append(shards.synthetic_window(rng, f"{split}vid{i:04d}-0000", split, num_frames=f,
-                                                   duration=f / 2.0, source="bench"))
+            samples.append(synthetic_window(rng, f"{split}vid{i:04d}-0000", split, num_frames=f,
+                                            duration=f / 2.0, source="bench"))
         per = 64
         for s in range(-(-count // per)):
             shards.write_shard(root / split / (shards.SHARD_PATTERN % s), samples[s * per:(s + 1) * per])

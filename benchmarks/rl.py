@@ -35,7 +35,7 @@ from benchmarks.figures import REPO, Run, default_json
 def build(tmp: Path, checkpoint: str | None, steps: int, shards: str | None, sft_steps: int):
     """The run's config; without `checkpoint`, first synthetic shards and a `sft_steps` SFT of the tiny model."""
     from vtg.config import load_config
-    from vtg.shards import write_synthetic_shards
+    from vtg.testing.shards import write_synthetic_shards
 
     shards_dir = Path(shards) if shards else write_synthetic_shards(tmp / "shards", 24, 6, 2, 0, source="fixture")
     overrides = [f"train.shards_dir={shards_dir}", f"train.out_dir={tmp / 'sft'}", f"train.max_steps={sft_steps}",

@@ -14,8 +14,8 @@ each video once over its full duration, and scores one answer per query under a 
   prompt, its answer reading (`evaluation.lmms_parse`) with its rule that an answer without a time pair scores 0,
   and its metric names in percent beside ours.
 
-Every result carries its harness card (`vtg.harness`, protocol `full_video`, the profile named) and 95% bootstrap
-intervals; two results under different cards are never ranked against each other (`require_comparable`).
+Every result carries its harness card (`evaluation.harness`, protocol `full_video`, the profile named) and 95%
+bootstrap intervals; two results under different cards are never ranked against each other (`require_comparable`).
 Outputs: `<benchmark.out_dir>/<checkpoint>-<profile>-<records stem>-<key>/` (keyed by the records' and the
 checkpoint's content) metrics.json, predictions.jsonl, summary.md.
 """
@@ -33,13 +33,14 @@ import numpy as np
 
 from evaluation import intervals
 from evaluation.core import resolve_device
+from evaluation.harness import FULL_VIDEO, build_card, frame_facts
 from evaluation.lmms_parse import lmms_eval_span
 from vtg import checkpoints
 from vtg.answer import parse_answer
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.frames import decode_at, video_facts
-from vtg.harness import FULL_VIDEO, build_card, card_digest, frame_facts
+from vtg.harness import card_digest
 from vtg.io import file_digest, write_json_atomic
 from vtg.model.modeling import load_model_and_tokenizer
 from vtg.queries import QueryExample

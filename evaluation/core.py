@@ -11,12 +11,13 @@ from tqdm import tqdm
 
 from evaluation import forgetting, intervals
 from evaluation.baselines import fit_prior, prior_prediction
+from evaluation.harness import WINDOWED, build_card, frame_facts
 from evaluation.metrics import metric_name
 from evaluation.predict import predict_batch
 from evaluation.scoring import aggregate, breakdowns, score_answers, score_spans, visual_gain
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
-from vtg.harness import WINDOWED, build_card, digest, frame_facts
+from vtg.harness import digest
 from vtg.io import file_digest
 from vtg.model.modeling import load_model_and_tokenizer, resolve_device
 from vtg.queries import QueryExample, ReadStats, iter_examples, iter_spans
@@ -81,7 +82,7 @@ def _mean_loss(pair: list) -> float:
 
 
 def harness_card(model, tokenizer, cfg: EvaluateConfig, split: str, examples: list[dict], shards_digest: str) -> dict:
-    """The harness card of a windowed evaluation (`vtg.harness`): what the model saw and how it was scored."""
+    """The harness card of a windowed evaluation (`evaluation.harness`): what the model saw and how it was scored."""
     from vtg.model.generation import vision_params
     from vtg.model.processing import query_position, timestamp_mode
 

@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from flows.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 from flows.stages import ConfigArgs, spawn, stop_process
 from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
 from vtg.net import check_prefect_api
-from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 
 log = logging.getLogger(__name__)
 EMBEDDED, EVENTS, OFF = "embedded", "events", "off"
@@ -86,7 +86,7 @@ def visible_gpus() -> int:
 
 
 def evaluation_placement(cfg: PipelineConfig, n_gpus: int | None = None) -> Placement:
-    """Where and when the embedded evaluator runs beside training (the rule: `vtg.placement`)."""
+    """Where and when the embedded evaluator runs beside training (the rule: `flows.placement`)."""
     return place_evaluation(visible_gpus() if n_gpus is None else n_gpus, cfg.train.num_gpus,
                             cfg.train.model.base, cfg.evaluate.device)
 

@@ -169,7 +169,7 @@ def train_cmd(cfg: PipelineConfig, args: Sequence[str],
     """The training command line and extra env, by `orchestration.train_launcher`.
 
     `gpus`: the only devices training may use (CUDA_VISIBLE_DEVICES entries, one per rank), when evaluation holds
-    another GPU of the node (vtg/placement.py): CUDA_VISIBLE_DEVICES for `python`/`torchrun`, `--include`
+    another GPU of the node (flows/placement.py): CUDA_VISIBLE_DEVICES for `python`/`torchrun`, `--include`
     for `deepspeed` (which replaces CUDA_VISIBLE_DEVICES with its own). With DeepSpeed's hostfile (multi-node),
     `--num_gpus` keeps the first `train.num_gpus` slots of each node, and the placement leaves the last one free."""
     return launch_cmd(cfg, stage_module("train", cfg), cfg.train.num_gpus, "train.num_gpus", args, gpus)

@@ -24,9 +24,24 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny Qwen2.5-VL (seed 0), built once and cached (tests/training, tests/vtg/model)."""
+    from vtg.model.tiny import build_tiny_model
+
+    return build_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
 def flow_door_run(tmp_path_factory) -> tuple[Path, str]:
     """`make run`'s door on the REAL stages at the tiny scale, once per test run: a fresh git + DVC project (a user's
-    clone, `tests/flows/flowkit.real_project`) on which `python -m flows` ran to the end. Returns (project, log).
+    clone, `tests/support/flowkit.real_project`) on which `python -m flows` ran to the end. Returns (project, log).
 
     Shared by the tests that only read what an uninterrupted flow leaves: the front-door test (dvc status clean,
     `dvc repro` runs nothing, the same outputs as the DVC door, lineage) and the kill -9 test of the flow (the
@@ -36,10 +51,8 @@ def flow_door_run(tmp_path_factory) -> tuple[Path, str]:
     import json
     import os
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "flows"))
-    from flowkit import PY, project_env, real_project
+    from support.flowkit import PY, project_env, real_project
 
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -53,8 +53,7 @@ def test_every_command_block_says_whether_it_runs_here():
 def _tiny_project(tmp_path: Path) -> Path:
     """A project with the repo's params, experiments and stage graph; a Charades-STA test file over three short
     videos in `Charades_v1_480/`; `reports/eval/best.json` naming a checkpoint of the tiny model."""
-    sys.path.insert(0, str(REPO / "tests" / "faults"))
-    from videokit import write_video
+    from support.videokit import write_video
 
     from training.dist import rng_state
     from training.lifecycle import write_rank_state

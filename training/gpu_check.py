@@ -2,8 +2,8 @@
 
 Each rung (`--rung`, default both: `qwen25vl_3b`, then `qwen3vl_2b`) runs, on one GPU, in one command (budget:
 under 8 minutes per rung on one H200):
-1. synthetic shards (contract-true WebDataset samples, no Beam: `vtg.shards.write_synthetic_shards`) at the
-   recipe's frame size;
+1. synthetic shards (contract-true WebDataset samples, no Beam: `vtg.testing.shards.write_synthetic_shards`) at
+   the recipe's frame size;
 2. the pre-flight of the resulting config (`training.preflight`): tokens and the planner's per-GPU memory;
 3. `python -m training` with the rung's experiment (`qwen25vl_3b_lora_1gpu`, `qwen3vl_2b_lora_1gpu`) on its
    shape-true model (`shape-true:Qwen/Qwen2.5-VL-3B-Instruct`, `shape-true:Qwen/Qwen3-VL-2B-Instruct`: random
@@ -39,7 +39,7 @@ from vtg import checkpoints
 from vtg.cli_common import run_cli
 from vtg.errors import VTGError
 from vtg.net import free_port
-from vtg.shards import write_synthetic_shards
+from vtg.testing.shards import write_synthetic_shards
 
 RUNGS = {
     "qwen25vl_3b": ("qwen25vl_3b_lora_1gpu", "shape-true:Qwen/Qwen2.5-VL-3B-Instruct", 36, 32),

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from declared import declared
+from support.declared import declared
 
 from annotate.model import weights_digest
 from annotate.run import hidden, run

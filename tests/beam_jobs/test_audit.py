@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 import pytest
-from corpus_metrics import read_outputs, read_shards
-from declared import declared, declared_arg
-from measured_settings import CORPUS_MEASURED
+from support.corpus_metrics import read_outputs, read_shards
+from support.declared import declared, declared_arg
+from support.measured_settings import CORPUS_MEASURED
 
 from beam_jobs.audit import AUDIT_LOG, FLAGS, iou
 from beam_jobs.preprocess import run

@@ -4,19 +4,14 @@ source frame index of each frame, from which its timestamps follow."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from support.videokit import write_video
 
 from beam_jobs.video import build_windows, decode
 from vtg.config.preprocess import PreprocessConfig
 from vtg.records import CanonicalRecord
 from vtg.shards import SHARD_CONTRACT, decode_jpegs, stored_frame_size
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
-from videokit import write_video
 
 
 def _windows(tmp_path, size: tuple[int, int], n_frames: int, fps: float, **cfg):
@@ -82,7 +77,8 @@ def test_shards_of_an_older_contract_are_refused_with_what_to_do(tmp_path):
     import json
 
     from vtg.errors import VTGError
-    from vtg.shards import MANIFEST, list_shards, write_synthetic_shards
+    from vtg.shards import MANIFEST, list_shards
+    from vtg.testing.shards import write_synthetic_shards
 
     root = write_synthetic_shards(tmp_path, n_train=2, n_val=1, shards_per_split=1)
     assert len(list_shards(root, "train")) == 1  # hand-made shards without a manifest: read

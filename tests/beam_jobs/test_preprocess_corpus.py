@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from corpus_metrics import measure, read_shards
-from corpus_truth import load_truth, scene_counts
-from declared import declared, declared_arg
-from measured_settings import CORPUS_MEASURED
+from support.corpus_metrics import measure, read_shards
+from support.corpus_truth import load_truth, scene_counts
+from support.declared import declared, declared_arg
+from support.measured_settings import CORPUS_MEASURED
 
 from beam_jobs.preprocess import run
 from beam_jobs.probe import decode_video

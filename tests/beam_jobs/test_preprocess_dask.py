@@ -23,8 +23,8 @@ import apache_beam as beam
 import psutil
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from dask_clients import close_dask_clients
-from runner_parity import IN_MEMORY, SETTINGS, differing, outputs, run_into, shard_samples
+from support.dask_clients import close_dask_clients
+from support.runner_parity import IN_MEMORY, SETTINGS, differing, outputs, run_into, shard_samples
 
 from beam_jobs import summary
 from beam_jobs.pipeline import SummaryFn

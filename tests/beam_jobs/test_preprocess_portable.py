@@ -4,7 +4,7 @@ bytes as DirectRunner."""
 from __future__ import annotations
 
 import pytest
-from runner_parity import SETTINGS, differing, outputs, run_into
+from support.runner_parity import SETTINGS, differing, outputs, run_into
 
 from beam_jobs.pipeline import DEAD_LETTER
 from vtg.shards import MANIFEST

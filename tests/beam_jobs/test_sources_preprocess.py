@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from declared import declared
+from support.declared import declared
 
 from beam_jobs.preprocess import run
 from corpus import build_corpus

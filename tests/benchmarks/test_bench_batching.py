@@ -2,7 +2,7 @@
 the padding share of each run among its figures."""
 
 import pytest
-from benchkit import assert_promises, finite, run_benchmark
+from support.benchkit import assert_promises, finite, run_benchmark
 
 
 @pytest.mark.slow

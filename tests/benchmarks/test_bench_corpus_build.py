@@ -1,6 +1,6 @@
 """Smoke: `python -m benchmarks.corpus_build` on 1% of the default corpus completes and writes what it promises."""
 
-from benchkit import assert_promises, run_benchmark
+from support.benchkit import assert_promises, run_benchmark
 
 
 def test_corpus_build_benchmark_writes_its_ratio(tmp_path):

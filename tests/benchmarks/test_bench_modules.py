@@ -5,7 +5,7 @@ import ast
 import re
 import subprocess
 
-from benchkit import REPO
+from support.benchkit import REPO
 
 TOP_LEVEL = {p.parent.name for p in REPO.glob("*/__init__.py")} | {p.stem for p in REPO.glob("*.py")}
 BENCHMARKS = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem not in ("__init__", "figures"))

@@ -2,7 +2,7 @@
 ratios and the checkpoint-to-evaluation delay."""
 
 import pytest
-from benchkit import assert_promises, finite, run_benchmark
+from support.benchkit import assert_promises, finite, run_benchmark
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ enough for the machine's load: on 60 videos Beam's start-up can swallow them (se
 there they may be null, with the reason written beside them."""
 
 import pytest
-from benchkit import assert_promises, finite, run_benchmark
+from support.benchkit import assert_promises, finite, run_benchmark
 
 ALWAYS = ("job_vs_detect", "job_vs_decode", "job_vs_detect_per_worker", "job_vs_decode_per_worker",
           "job_vs_decode_default_threads", "core_vs_detect", "core_vs_decode")

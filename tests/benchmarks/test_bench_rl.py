@@ -3,7 +3,7 @@
 phase and the padding shares."""
 
 import pytest
-from benchkit import assert_promises, run_benchmark
+from support.benchkit import assert_promises, run_benchmark
 
 
 @pytest.mark.slow

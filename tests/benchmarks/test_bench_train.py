@@ -1,7 +1,7 @@
 """Smoke: `python -m benchmarks.train` with 3 timed steps and a handful of videos completes and writes its ratios."""
 
 import pytest
-from benchkit import assert_promises, run_benchmark
+from support.benchkit import assert_promises, run_benchmark
 
 
 @pytest.mark.slow

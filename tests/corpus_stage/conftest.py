@@ -5,7 +5,7 @@ Built with `CORPUS_MEASURED` (the settings these tests were measured with), not 
 from pathlib import Path
 
 import pytest
-from measured_settings import CORPUS_MEASURED
+from support.measured_settings import CORPUS_MEASURED
 
 from corpus import build_corpus
 from vtg.config import CorpusConfig

@@ -171,7 +171,7 @@ def test_default_plan_has_the_intended_mix():
     from collections import defaultdict
 
     import numpy as np
-    from measured_settings import CORPUS_MEASURED
+    from support.measured_settings import CORPUS_MEASURED
 
     from corpus.plan import plan_corpus
     from vtg.config import CorpusConfig
@@ -217,7 +217,7 @@ def test_unwritable_out_dir_is_a_one_line_error(tmp_path, corpus_config):
 def test_blur_defect_scales_with_the_frame_size():
     """The job scores blur at one analysis size (56 px): a blur of fixed source pixels would fade away on larger
     videos (sigma 6 at 448 px is 0.75 px at 56 px: 4 blurred 448-px videos were kept as sharp)."""
-    from measured_settings import CORPUS_MEASURED
+    from support.measured_settings import CORPUS_MEASURED
 
     from corpus.plan import plan_defect_video
     from vtg.config import CorpusConfig

@@ -1,11 +1,11 @@
-"""Fixtures for evaluation tests (the helpers they use live in `eval_fixtures`)."""
+"""Fixtures for evaluation tests (the helpers they use live in `support.eval_fixtures`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from eval_fixtures import write_fixture_shards
+from support.eval_fixtures import write_fixture_shards
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from eval_fixtures import make_checkpoint
-from measured_settings import EVALUATE_MEASURED
+from support.eval_fixtures import make_checkpoint
+from support.measured_settings import EVALUATE_MEASURED
 
 from evaluation.__main__ import main
 from evaluation.api import evaluate_checkpoint

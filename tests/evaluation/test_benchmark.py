@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from declared import declared
-from eval_fixtures import make_checkpoint
-from measured_settings import CORPUS_MEASURED
+from support.declared import declared
+from support.eval_fixtures import make_checkpoint
+from support.measured_settings import CORPUS_MEASURED
 
 from corpus import build_corpus
 from evaluation.benchmark import Profile, frame_indices, load_profile, main, run_benchmark

@@ -2,7 +2,7 @@ import io
 import json
 import tarfile
 
-from eval_fixtures import make_sample, write_fixture_shards
+from support.eval_fixtures import make_sample, write_fixture_shards
 
 from vtg.queries import ReadStats, iter_examples, iter_spans
 from vtg.shards import write_shard

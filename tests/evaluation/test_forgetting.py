@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from eval_fixtures import train_briefly
+from support.eval_fixtures import train_briefly
 
 from corpus import build_corpus
 from corpus.general import EVAL_FILE, GENERAL_DIR, TEACH_FILE

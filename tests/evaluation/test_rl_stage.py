@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from eval_fixtures import make_checkpoint, make_sample
+from support.eval_fixtures import make_checkpoint, make_sample
 
 from evaluation.compare import compare
 from evaluation.query_types import GROUND_TRUTH_FILE, classify_samples

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import videokit as vk
+from support import videokit as vk
 
 from vtg.io import file_digest
 

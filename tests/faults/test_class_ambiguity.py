@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from declared import declared
+from support.declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig, load_config

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ckptkit import fake_checkpoint, roots_config
+from support.ckptkit import fake_checkpoint, roots_config
 
 from training.lifecycle import resume_source
 from vtg import checkpoints as ckpt

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ckptkit import fake_checkpoint
-from declared import declared
+from support.ckptkit import fake_checkpoint
+from support.declared import declared
 
 from ingest import ingest
 from vtg import checkpoints as ckpt

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ckptkit import fake_checkpoint, roots_config
+from support.ckptkit import fake_checkpoint, roots_config
 
 from training.lifecycle import LOWEST_EVAL_LOSS, namers, protected, resume_source
 from vtg import checkpoints as ckpt

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from killkit import wait_until
+from support.killkit import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # a child of the flow that catches SIGTERM, as Prefect's engine does during a flow run

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from declared import declared
+from support.declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from declared import declared
-from videokit import write_video as _write
+from support.declared import declared
+from support.videokit import write_video as _write
 
 from ingest import ingest
 from vtg.config import IngestConfig

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from declared import declared_arg
+from support.declared import declared_arg
 
 from beam_jobs.preprocess import check_trainable
 from vtg.errors import VTGError

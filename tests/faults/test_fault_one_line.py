@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from declared import declared_arg
+from support.declared import declared_arg
 
 from vtg import checkpoints as ckpt
 from vtg.errors import VTGError
@@ -65,8 +65,7 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow  # two short training runs: ~40 s
 def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_temp(tmp_path: Path):
-    sys.path.insert(0, str(REPO / "tests" / "training"))
-    from train_fixtures import write_fixture_shards
+    from support.train_fixtures import write_fixture_shards
 
     shards = write_fixture_shards(tmp_path / "shards", n_train=8, n_val=2, shards_per_split=1)
     with small_disk(tmp_path / "disk") as disk:

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
-from eval_fixtures import make_checkpoint, write_fixture_shards
+from support.eval_fixtures import make_checkpoint, write_fixture_shards
 
 from vtg import checkpoints
 

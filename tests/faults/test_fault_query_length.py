@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from declared import declared_arg
+from support.declared import declared_arg
 
 from ingest import reasons as R
 from ingest.validate import Invalid, QueryLimit

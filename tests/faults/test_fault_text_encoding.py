@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from declared import declared
+from support.declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig

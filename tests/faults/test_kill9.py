@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from declared import declared, declared_arg
-from killkit import cleanup, group_members, left_behind, sigkill, start, wait_for_log, wait_until
+from support.declared import declared, declared_arg
+from support.killkit import cleanup, group_members, left_behind, sigkill, start, wait_for_log, wait_until
 
 from vtg import checkpoints as ckpt
 
@@ -82,7 +82,7 @@ def _latest_step(out: Path) -> int:
 def test_kill9_training_mid_step_and_mid_checkpoint_resumes_bit_equal(tmp_path: Path):
     import torch
 
-    from vtg.shards import write_synthetic_shards
+    from vtg.testing.shards import write_synthetic_shards
 
     rng = random.Random(SEED)
     shards = write_synthetic_shards(tmp_path / "shards", 24, 6, 2, 0, source="fixture")
@@ -199,9 +199,7 @@ def test_kill9_preprocess_rerun_is_byte_identical(tmp_path: Path):
 def _flow_project(root: Path) -> Path:
     """A fresh git + DVC project with a copy of the code and params.yaml at the tiny scale (tests/flows' recipe,
     without the model caches under vtg/.cache: the tiny model comes from this checkout's cache)."""
-    if str(REPO / "tests" / "flows") not in sys.path:
-        sys.path.insert(0, str(REPO / "tests" / "flows"))
-    from flowkit import CODE, TINY_REAL, git, make_project, set_params
+    from support.flowkit import CODE, TINY_REAL, git, make_project, set_params
 
     make_project(root)
     for pkg in CODE:
@@ -214,7 +212,7 @@ def _flow_project(root: Path) -> Path:
 
 
 def _flow_env(root: Path) -> dict[str, str]:
-    from flowkit import project_env
+    from support.flowkit import project_env
 
     from vtg.model.tiny import default_cache_dir
 

@@ -28,7 +28,8 @@ MAKE_SHARDS = """
 import json, tarfile
 from pathlib import Path
 from vtg.io import file_digest
-from vtg.shards import MANIFEST, SHARD_CONTRACT, data_version_of, write_synthetic_shards
+from vtg.shards import MANIFEST, SHARD_CONTRACT, data_version_of
+from vtg.testing.shards import write_synthetic_shards
 
 root = Path("data/shards")
 write_synthetic_shards(root, n_train=4, n_val=2, shards_per_split=2, num_frames=2)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from flowkit import make_project
+from support.flowkit import make_project
 
 
 @pytest.fixture

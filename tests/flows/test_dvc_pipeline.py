@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from flowkit import BIN, git, project_env, set_params, shadow_stages, stage_calls
+from support.flowkit import BIN, git, project_env, set_params, shadow_stages, stage_calls
 
 
 def dvc(workdir: Path, *args: str) -> str:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from flowkit import (
+from support.flowkit import (
     BIN,
     PY,
     STANDIN_OVERRIDES,

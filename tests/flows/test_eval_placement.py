@@ -1,4 +1,4 @@
-"""The orchestrator applies the evaluation placement (vtg/placement.py): the evaluator process of the training
+"""The orchestrator applies the evaluation placement (flows/placement.py): the evaluator process of the training
 stages (its CUDA_VISIBLE_DEVICES, `--device`, started before SFT or after SFT and RL) and the SFT and RL commands
 (never on the evaluation GPU); RL reports into the same queue and evaluator as SFT. The task bodies run for real;
 the processes they would start are recorded instead."""

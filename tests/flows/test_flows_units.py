@@ -189,7 +189,7 @@ print(json.dumps(tiny()))
 def test_a_task_gets_the_evaluator_and_the_ephemeral_api_url_from_prefects_client(tmp_path: Path):
     """The embedded evaluator reports to the flow's API: on the ephemeral server that is the address Prefect's
     own client uses (no private server registry), and the evaluator object passes through a NO_CACHE task."""
-    from flowkit import project_env
+    from support.flowkit import project_env
 
     script = tmp_path / "tiny_flow.py"
     script.write_text(TINY_FLOW)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, set_params
+from support.flowkit import BIN, PY, outputs_with_symlinks, project_env, real_project, set_params
 
 from vtg import checkpoints as ckpt
 

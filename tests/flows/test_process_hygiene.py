@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flowkit import PY, STANDIN_OVERRIDES, make_project, project_env
+from support.flowkit import PY, STANDIN_OVERRIDES, make_project, project_env
 
 from vtg.checkpoints import LOCK_FILE, CheckpointLock, lock_checkpoint_root
 from vtg.errors import VTGError

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -132,11 +131,8 @@ def test_slow_evaluator_loses_no_checkpoint_with_the_real_trainer(tmp_path, monk
     none is pruned before its evaluation record exists, and the evaluated ones are pruned by later saves."""
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    sys.path.insert(0, str(REPO / "tests" / "training"))
-    try:
-        from train_fixtures import train_config, write_fixture_shards
-    finally:
-        sys.path.remove(str(REPO / "tests" / "training"))
+    from support.train_fixtures import train_config, write_fixture_shards
+
     from flows import evaluator as ev
     from flows.stages import ConfigArgs
     from training.callbacks import default_callbacks

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flowkit import BIN, PY, STANDIN_OVERRIDES, project_env, read_jsonl
+from support.flowkit import BIN, PY, STANDIN_OVERRIDES, project_env, read_jsonl
 
 from vtg.net import free_port
 
@@ -40,7 +40,7 @@ def deployment_names(api: str) -> set[str]:
 
 @pytest.mark.slow
 def test_deployment_run_and_checkpoint_triggered_evaluations(tmp_path: Path):
-    from flowkit import make_project
+    from support.flowkit import make_project
 
     project = make_project(tmp_path / "proj", with_dvc=False)
     port = free_port()

@@ -20,8 +20,8 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 from apache_beam.runners import create_runner
-from dask_clients import close_dask_clients
-from infra_paths import INFRA, ROOT
+from support.dask_clients import close_dask_clients
+from support.infra_paths import INFRA, ROOT
 
 from beam_jobs.options import option_args, pipeline_options
 from vtg.config import load_config

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import yaml
-from infra_paths import INFRA, ROOT
+from support.infra_paths import INFRA, ROOT
 
 COMPOSE = INFRA / "compose.yaml"
 ENV_EXAMPLE = INFRA / ".env.example"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import yaml
-from infra_paths import INFRA, ROOT
+from support.infra_paths import INFRA, ROOT
 
 from infra import multinode, pools
 from vtg.errors import ConfigError

@@ -5,7 +5,7 @@ import re
 import tomllib
 
 import pytest
-from infra_paths import INFRA, ROOT
+from support.infra_paths import INFRA, ROOT
 
 DOCKERFILES = sorted((INFRA / "docker").glob("*.Dockerfile"))
 CONSTRAINTS = INFRA / "docker" / "constraints.txt"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from infra_paths import ROOT
+from support.infra_paths import ROOT
 
 from vtg.net import free_port
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from infra_paths import ROOT
+from support.infra_paths import ROOT
 
 from infra import native, objstore
 
@@ -186,8 +186,15 @@ def test_shards_stream_from_object_storage_through_the_training_reader_stages(st
 def test_post_training_flow_runs_against_the_services(stack, tmp_path):
     """The real post-training flow (Prefect tasks, MLflow lineage, DVC versioning and push) against the Prefect
     server, the MLflow server and the S3 DVC remote, on the orchestration tests' tiny stand-in stages."""
-    sys.path.insert(0, str(ROOT / "tests" / "flows"))
-    from flowkit import PY, STANDIN_OVERRIDES, git, make_project, project_env, set_params, shadow_stages
+    from support.flowkit import (
+        PY,
+        STANDIN_OVERRIDES,
+        git,
+        make_project,
+        project_env,
+        set_params,
+        shadow_stages,
+    )
 
     project = make_project(tmp_path / "proj")
     shadow_stages(project)

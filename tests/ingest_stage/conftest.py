@@ -5,7 +5,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from declared import declared
+from support.declared import declared
 
 from vtg.config import IngestConfig
 

@@ -2,8 +2,8 @@
 
 
 import pytest
-from declared import declared
-from measured_settings import CORPUS_MEASURED
+from support.declared import declared
+from support.measured_settings import CORPUS_MEASURED
 
 from corpus import build_corpus
 from vtg.config import CorpusConfig, IngestConfig

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from declared import declared_arg
+from support.declared import declared_arg
 
 from ingest import ingest
 from ingest.__main__ import main as ingest_main

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from declared import declared
 from pydantic import ValidationError
+from support.declared import declared
 
 from ingest import ingest
 from vtg.config import IngestConfig, PreprocessConfig

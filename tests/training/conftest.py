@@ -1,4 +1,6 @@
-"""Fixtures for the training tests: the cached tiny model and tiny fixture shards honouring the shard contract."""
+"""Fixtures for the training tests: each family's tiny model and tiny fixture shards honouring the shard contract
+(the cached tiny model on disk, `tiny_model_dir`, and its tokenizer are in tests/conftest.py: tests/vtg/model uses
+them too)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"))
 
-from train_fixtures import write_fixture_shards
+from support.train_fixtures import write_fixture_shards
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +35,6 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    from vtg.model.tiny import build_tiny_model
-
-    return build_tiny_model(seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
 def shards_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("shards")
     write_fixture_shards(root, n_train=24, n_val=6, shards_per_split=2)
@@ -56,7 +44,7 @@ def shards_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def clock_project(tmp_path_factory) -> dict:
     """Issue 35: a variable-frame-rate video and a late-starting constant-rate one with known presentation times,
-    through the real ingest and preprocess (`clock_fixtures.build_project`, ~10 s)."""
-    from clock_fixtures import build_project
+    through the real ingest and preprocess (`support.clock_fixtures.build_project`, ~10 s)."""
+    from support.clock_fixtures import build_project
 
     return build_project(tmp_path_factory.mktemp("clock"))

@@ -1,5 +1,5 @@
 """Issue 35, Qwen2.5-VL: the time the model is given for each temporal patch is the presentation time of its
-frames from the answer's origin (native rope: the patch's first frame, as `get_rope_index`; text: their mean), on every path (clock_fixtures.check_every_path), under its native rope timing and
+frames from the answer's origin (native rope: the patch's first frame, as `get_rope_index`; text: their mean), on every path (support.clock_fixtures.check_every_path), under its native rope timing and
 under text timestamps; on a variable-frame-rate file and on one whose video track starts late."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from clock_fixtures import check_every_path, model_is_told, patch_firsts
+from support.clock_fixtures import check_every_path, model_is_told, patch_firsts
 
 from vtg.model.processing import TIMESTAMPS_KEY, VisionParams, encode_example
 

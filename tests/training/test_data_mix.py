@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_fixtures import REPO_ROOT, train_config
+from support.train_fixtures import REPO_ROOT, train_config
 
 from training.data import ErrorLog, ShardStream, StreamSpec, resolve_urls
 from training.loop import train

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_fixtures import train_config, write_fixture_shards
+from support.train_fixtures import train_config, write_fixture_shards
 
 from evaluation.api import evaluate_checkpoint
 from training.early_stop import EARLY_STOP_FILE, HISTORY_FILE

@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from train_fixtures import train_config, write_fixture_shards
+from support.train_fixtures import train_config, write_fixture_shards
 
 from vtg import checkpoints
 

@@ -20,7 +20,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from train_fixtures import three_paths
+from support.train_fixtures import three_paths
 
 from vtg.model.families import FAMILIES, family_named
 from vtg.model.processing import (

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from support.train_fixtures import REPO_ROOT
 from test_train_recipes import (
     VOCAB,
     _evaluate,
@@ -17,7 +18,6 @@ from test_train_recipes import (
     recipe_shards,
     rl_step_overrides,
 )
-from train_fixtures import REPO_ROOT
 
 from vtg import checkpoints as ckpt
 from vtg.config import load_config

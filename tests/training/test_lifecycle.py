@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ckptkit import fake_checkpoint, roots_config
+from support.ckptkit import fake_checkpoint, roots_config
 
 from training.lifecycle import check_roots_apart, protected, resume_source
 from vtg import checkpoints as ckpt

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from train_fixtures import train_config
+from support.train_fixtures import train_config
 
 from training.data import packed_batches, padding_fraction, token_budget_batches
 from training.loop import train
@@ -25,6 +25,7 @@ from vtg.model.packing import (
     rope_owner,
 )
 from vtg.model.processing import VisionParams, answer_text, collate, encode_example, model_inputs
+from vtg.testing.shards import synthetic_window
 
 CASES = [("qwen2_5_vl", "native"), ("qwen2_5_vl", "text"), ("qwen3_vl", "native")]
 SIZES = [(8, 64, 64), (4, 56, 84), (16, 64, 48), (6, 48, 48), (10, 56, 56)]
@@ -146,8 +147,8 @@ def _varied_shards(root):
     """Train windows of 4-16 frames (lengths vary), val and test as usual."""
     rng = np.random.default_rng(0)
     for split, n in (("train", 24), ("val", 4), ("test", 4)):
-        samples = [shards.synthetic_window(rng, f"{split}vid{i:03d}-0000", split, num_frames=int(rng.integers(2, 9)) * 2,
-                                           source="fixture") for i in range(n)]
+        samples = [synthetic_window(rng, f"{split}vid{i:03d}-0000", split, num_frames=int(rng.integers(2, 9)) * 2,
+                                    source="fixture") for i in range(n)]
         shards.write_shard(root / split / (shards.SHARD_PATTERN % 0), samples)
     return root
 

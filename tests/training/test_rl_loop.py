@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO_ROOT, train_config, write_fixture_shards
+from support.train_fixtures import REPO_ROOT, train_config, write_fixture_shards
 
 from vtg.errors import VTGError
 

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from train_fixtures import three_paths
+from support.train_fixtures import three_paths
 
 from vtg.model.generation import vision_params
 from vtg.model.processing import MM_VIDEO, TIMESTAMPS_KEY

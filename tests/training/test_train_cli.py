@@ -2,7 +2,7 @@
 
 import json
 
-from train_fixtures import train_config  # noqa: F401  (registers the fixture helpers' path)
+from support.train_fixtures import train_config  # noqa: F401  (registers the fixture helpers' path)
 
 from training.__main__ import main
 from vtg.cli_common import run_cli

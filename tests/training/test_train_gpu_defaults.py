@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from train_fixtures import Recorder, train_config
+from support.train_fixtures import Recorder, train_config
 
 from training.dist import CUBLAS_WORKSPACE, set_determinism
 from training.ds_config import build_ds_config

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from train_fixtures import Recorder, synthetic_window, train_config
+from support.train_fixtures import Recorder, synthetic_window, train_config
 
 from training.guards import StabilityGuard
 from training.loop import train

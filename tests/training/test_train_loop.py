@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from train_fixtures import HOOK_CALLS, Recorder, train_config
+from support.train_fixtures import HOOK_CALLS, Recorder, train_config
 
 from training.loop import train
 from training.sanity import SanityError
@@ -137,7 +137,7 @@ def test_hooks_and_mlflow_lineage(shards_dir, tmp_path, monkeypatch):
     monkeypatch.setenv(lineage.ENV_PARENT_RUN_ID, parent.info.run_id)
     HOOK_CALLS.clear()
     cfg = train_config(shards_dir, tmp_path / "ck", "tracking.enabled=true", f"tracking.tracking_uri={uri}",
-                       "tracking.experiment=t", "train.checkpoint_hooks=[train_fixtures:record_hook]")
+                       "tracking.experiment=t", "train.checkpoint_hooks=[support.train_fixtures:record_hook]")
     summary = train(cfg)
     assert [s for _, s in HOOK_CALLS] == [2, 4] and HOOK_CALLS[-1][0].endswith("step-000004")
     meta = read_checkpoint_meta(tmp_path / "ck" / "latest")

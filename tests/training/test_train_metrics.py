@@ -9,7 +9,7 @@ import types
 
 import pytest
 import torch
-from train_fixtures import Recorder, train_config
+from support.train_fixtures import Recorder, train_config
 
 from training.callbacks.console import ConsoleCallback, perf_line
 from training.metrics import (

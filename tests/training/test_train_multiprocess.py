@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO_ROOT
+from support.train_fixtures import REPO_ROOT
 
 from vtg.checkpoints import engine_dir, export_dir, read_checkpoint_meta, resolve_checkpoint
 

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from train_fixtures import REPO_ROOT, synthetic_window, train_config
+from support.train_fixtures import REPO_ROOT, synthetic_window, train_config
 
 from training.activations import activation_bytes
 from training.arch import Arch, arch_for

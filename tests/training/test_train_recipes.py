@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO_ROOT, write_fixture_shards
+from support.train_fixtures import REPO_ROOT, write_fixture_shards
 
 from vtg import checkpoints as ckpt
 from vtg.config import load_config

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from train_fixtures import train_config
+from support.train_fixtures import train_config
 
 from training.loop import train
 from vtg import checkpoints as ckpt

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import torch
+from support.train_fixtures import Recorder, train_config
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from train_fixtures import Recorder, train_config
 
 from training.loop import train
 from vtg.checkpoints import export_dir

@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 
 import pytest
-from train_fixtures import train_config
+from support.train_fixtures import train_config
 
 from training.data import StreamSpec, make_loader
 from training.loop import train

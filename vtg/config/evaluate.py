@@ -48,7 +48,7 @@ class EvaluateConfig(Section):
     max_examples: int = Field(0, ge=0)
     """Evaluate only the first N queries of the split (0: all)."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", json_schema_extra=NOT_OUTPUT)
-    """`auto`, `cpu`, `cuda` or `cuda:<i>` (explicit wins). Beside training (vtg/placement.py), `auto` takes the
+    """`auto`, `cpu`, `cuda` or `cuda:<i>` (explicit wins). Beside training (flows/placement.py), `auto` takes the
     last GPU if training leaves one free (training runs on the others), else waits for training to end; the CPU
     only for the tiny rung or without GPUs. Alone (CLI, served runs): cuda when available, else cpu."""
     iou_thresholds: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-STANDINS = Path(__file__).resolve().parent / "standins"
+STANDINS = REPO / "tests" / "flows" / "standins"
 PY = sys.executable
 BIN = Path(PY).parent
 

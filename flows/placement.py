@@ -14,9 +14,9 @@ the orchestrator (`flows.tasks.train`) counts the GPUs, applies the result and l
   GPUs (it is launched on them), else after training.
 - `cpu`: the CPU, concurrently.
 
-It lives in the core because the orchestrator applies it (flows import no stage package) and `evaluate.device`
-(vtg/config/evaluate.py) documents it. The served path does not use this rule: there `checkpoint.saved` events start each evaluation on the `gpu-eval`
-work pool, a GPU node of its own (infra/prefect/).
+It lives with the orchestrator, its only user (flows import no stage package); `evaluate.device`
+(vtg/config/evaluate.py) documents it and validates its values. The served path does not use this rule: there
+`checkpoint.saved` events start each evaluation on the `gpu-eval` work pool, a GPU node of its own (infra/prefect/).
 """
 
 from __future__ import annotations

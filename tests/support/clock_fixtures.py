@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from train_fixtures import three_paths
+
+from support.train_fixtures import three_paths
 
 REPO = Path(__file__).resolve().parents[2]
 VFR_PTS = [i / 30 for i in range(30)] + [1.0 + k / 5 for k in range(10)] + [3.0 + k / 30 for k in range(30)]

@@ -12,16 +12,17 @@ import numpy as np
 
 from vtg import shards
 from vtg.shards import SampleMeta
+from vtg.testing import shards as synthetic
 
 
 def synthetic_window(rng: np.random.Generator, key: str, split: str, **window) -> tuple[SampleMeta, list[bytes]]:
     """One fixture window (the shared synthetic writer, `source: fixture`)."""
-    return shards.synthetic_window(rng, key, split, source="fixture", **window)
+    return synthetic.synthetic_window(rng, key, split, source="fixture", **window)
 
 
 def write_fixture_shards(root: str | Path, n_train: int = 24, n_val: int = 6, shards_per_split: int = 2,
                          seed: int = 0, **kw) -> Path:
-    return shards.write_synthetic_shards(root, n_train, n_val, shards_per_split, seed, source="fixture", **kw)
+    return synthetic.write_synthetic_shards(root, n_train, n_val, shards_per_split, seed, source="fixture", **kw)
 
 
 def three_paths(model, tokenizer, shards_root, split: str = "train") -> dict[str, dict]:
@@ -47,7 +48,7 @@ HOOK_CALLS: list[tuple[str, int]] = []
 
 
 def record_hook(checkpoint_dir: str, step: int) -> None:
-    """A post-checkpoint hook for tests (`train_fixtures:record_hook`)."""
+    """A post-checkpoint hook for tests (`support.train_fixtures:record_hook`)."""
     HOOK_CALLS.append((checkpoint_dir, step))
 
 

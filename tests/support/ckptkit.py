@@ -11,7 +11,7 @@ from training.lifecycle import write_rank_state
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 META = {"data_version": "d1", "git_commit": "c", "mlflow_run_id": None, "config_hash": "h", "finetune": "full",
         "base": "tiny", "train_hash": "k1", "rl_hash": "k1", "world_size": 1}
 

@@ -1,10 +1,10 @@
-"""The placement rule of per-checkpoint evaluation beside training (`vtg.placement`): a pure function."""
+"""The placement rule of per-checkpoint evaluation beside training (`flows.placement`): a pure function."""
 
 import pytest
 
+from flows.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 from vtg.config import load_config
 from vtg.errors import ConfigError
-from vtg.placement import AFTER_TRAINING, CONCURRENT, Placement, device_ids, place_evaluation
 
 QWEN = "Qwen/Qwen2.5-VL-7B-Instruct"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corpus_truth import load_truth
+from support.corpus_truth import load_truth
 
 QUALITY = {"blurred": "blurry", "dark": "too_dark", "low_res": "low_resolution"}
 
