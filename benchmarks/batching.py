@@ -1,5 +1,5 @@
 """Batching benchmark: variable-length micro-batches, padded vs length-grouped vs packed, through the real training
-loop (`training.loop.train`, DeepSpeed ZeRO-2 on the CPU, shards streamed through the DataLoader), each against the
+loop (`training.sft.train`, DeepSpeed ZeRO-2 on the CPU, shards streamed through the DataLoader), each against the
 fixed-size padded batches measured in the same run (targets in brackets):
 
 1. padding share of the token slots the model computes (the loop's `perf/padding_frac`)                  [<= 5%]
@@ -80,7 +80,7 @@ RUNS = {
 
 def run_once(name: str, shards: Path, out: Path, steps: int, warm: int, budget: int, wide: int,
              train_vision: bool = False) -> dict:
-    from training.loop import train
+    from training.sft import train
     from vtg.config import load_config
 
     extra = RUNS[name] + ([f"train.data.token_budget={budget}", f"train.micro_batch_size={4 * MICRO}"]

@@ -49,26 +49,26 @@ def build(tmp: Path, checkpoint: str | None, steps: int, shards: str | None, sft
                  f"rl.init={checkpoint}" if checkpoint else "rl.init=latest"]
     cfg = load_config(REPO / "params.yaml", None, overrides)
     if not checkpoint:
-        from training.loop import train
+        from training.sft import train
 
         train(cfg)
     return cfg
 
 
-def plain_generate(trainer, steps: range) -> dict:
+def plain_generate(module, steps: range) -> dict:
     """The baseline: the same prompts as RL `steps`, collated once, sampled with `model.generate` directly."""
     import torch
 
-    from training.rl.loop import step_queries
+    from training.rl.grpo import step_queries
     from training.rl.rollout import encode_prompts, end_token_ids, pad_id, vision_token_ids
     from vtg.model.processing import collate, model_inputs
 
-    r, model, tok = trainer.rcfg, trainer.engine.module, trainer.tokenizer
+    r, model, tok = module.rcfg, module.engine.module, module.tokenizer
     batches = []
     for s in steps:
-        ids = step_queries(len(trainer.state.pool), s, r.queries_per_step, r.seed)
-        exs = [trainer.by_key[trainer.state.pool[i]] for i in ids]
-        b = model_inputs(collate(encode_prompts(tok, exs, r.group_size, trainer.vision), pad_id(tok), "left"))
+        ids = step_queries(len(module.state.pool), s, r.queries_per_step, r.seed)
+        exs = [module.by_key[module.state.pool[i]] for i in ids]
+        b = model_inputs(collate(encode_prompts(tok, exs, r.group_size, module.vision), pad_id(tok), "left"))
         b.pop("labels", None)
         batches.append(b)
     model.eval()
@@ -101,18 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = Run.start()
-    from training.rl.loop import GRPOTrainer
+    from training.rl.grpo import GRPOModule
     from training.rl.outputs import PHASES
+    from training.trainer import Trainer
 
     rounds, rows = [], []
     with tempfile.TemporaryDirectory() as d:
         cfg = build(Path(d), args.checkpoint, args.steps * args.repeats, args.shards, args.sft_steps)
-        trainer = GRPOTrainer(cfg, callbacks=[])
+        trainer = Trainer(cfg, GRPOModule(cfg), callbacks=[])
+        module = trainer.module
         try:
             for k in range(args.repeats):
-                first = trainer.state.step
-                steps = [trainer.train_step() for _ in range(args.steps)]
-                base = plain_generate(trainer, range(first, first + args.steps))
+                first = module.state.step
+                steps = [module.train_step() for _ in range(args.steps)]
+                base = plain_generate(module, range(first, first + args.steps))
                 skip = 2 if k == 0 and len(steps) > 4 else 0  # the first steps warm allocators up
                 rounds.append(_round(steps[skip:], base["seconds"][skip:], base["tokens"][skip:]))
                 rows += steps[skip:]

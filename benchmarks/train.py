@@ -1,6 +1,6 @@
 """Training benchmarks, each against a baseline measured in the same run (targets in brackets):
 
-1. step time of our loop (`training.loop`, DeepSpeed ZeRO-2, shards streamed through the DataLoader, guards,
+1. step time of our loop (`training.sft`, DeepSpeed ZeRO-2, shards streamed through the DataLoader, guards,
    metrics) vs a plain PyTorch loop (same tiny model, same batches already in memory, torch AdamW)  [<= 1.3x]
 2. loader throughput: encoded examples/s from shards (frames already extracted) vs decoding the source videos
    at train time (open the mp4, decode up to the window, sample the same frames, resize)            [>= 10x]
@@ -139,7 +139,7 @@ def bench_steps(shards: Path, out_dir: Path, steps: int, tok) -> dict:
     import torch
 
     from training.data import StreamSpec, make_loader, resolve_urls
-    from training.loop import train
+    from training.sft import train
     from vtg.config import load_config
     from vtg.model.modeling import load_model_and_tokenizer
     from vtg.model.processing import VisionParams, model_inputs

@@ -1,4 +1,4 @@
-"""The run lifecycle every trainer shares (SFT's `training.loop`, GRPO's `training.rl.loop`): what happens around
+"""The run lifecycle every trainer shares (SFT's `training.sft`, GRPO's `training.rl.grpo`): what happens around
 the steps, decided once.
 
 `RunLifecycle` owns, for one checkpoint root (`train.out_dir` or `rl.out_dir`):

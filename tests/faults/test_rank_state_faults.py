@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.lifecycle import read_rank_state, resume_source, write_rank_state
-from training.loop import TRAIN_KEY, train_hash
+from training.sft import TRAIN_KEY, train_hash
 from vtg import checkpoints as ckpt
 from vtg.config import load_config
 from vtg.errors import VTGError

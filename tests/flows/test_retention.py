@@ -136,7 +136,7 @@ def test_slow_evaluator_loses_no_checkpoint_with_the_real_trainer(tmp_path, monk
     from flows import evaluator as ev
     from flows.stages import ConfigArgs
     from training.callbacks import default_callbacks
-    from training.loop import train
+    from training.sft import train
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "slow_eval.py").write_text(SLOW_EVAL)

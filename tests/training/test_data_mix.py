@@ -17,7 +17,7 @@ import pytest
 from support.train_fixtures import REPO_ROOT, train_config
 
 from training.data import ErrorLog, ShardStream, StreamSpec, resolve_urls
-from training.loop import train
+from training.sft import train
 from vtg.checkpoints import read_checkpoint_meta
 from vtg.errors import VTGError
 from vtg.model.modeling import load_model_and_tokenizer, resolve_base

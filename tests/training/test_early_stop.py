@@ -15,7 +15,7 @@ from support.train_fixtures import train_config, write_fixture_shards
 from evaluation.api import evaluate_checkpoint
 from training.early_stop import EARLY_STOP_FILE, HISTORY_FILE
 from training.lifecycle import LOWEST_EVAL_LOSS
-from training.loop import train
+from training.sft import train
 from vtg.checkpoints import list_checkpoints, read_checkpoint_meta
 from vtg.selection import pick_best
 

@@ -26,8 +26,8 @@ def test_sft_export_reload_rl_and_evaluation(family, shards, tmp_path):
     from transformers import AutoModelForImageTextToText
 
     from evaluation.api import evaluate_checkpoint
-    from training.loop import train
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
+    from training.sft import train
     from vtg.model.families import family_of
     from vtg.model.processing import VIDEO_PROCESSOR_CONFIG, VisionParams
 

@@ -49,7 +49,7 @@ def test_new_family_lora_recipe_shape_true_world_size_2(recipe_shards, tmp_path,
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
 
     t0 = time.monotonic()
     base_dir = build_shape_true(hub_id, vocab=VOCAB, **({"text_layers": 2} if depth else {}))

@@ -14,7 +14,7 @@ import torch
 from support.train_fixtures import train_config
 
 from training.data import packed_batches, padding_fraction, token_budget_batches
-from training.loop import train
+from training.sft import train
 from vtg import shards
 from vtg.errors import VTGError
 from vtg.model.packing import (
@@ -175,15 +175,15 @@ def test_the_loop_trains_the_same_steps_packed_as_padded(varied, tmp_path):
 def test_a_run_with_much_padding_is_told_how_to_batch(caplog):
     from types import SimpleNamespace
 
-    from training.loop import Trainer
+    from training.sft import SFTModule
 
     def advise(padding, **data):
         fake = SimpleNamespace(tcfg=SimpleNamespace(data=SimpleNamespace(**{"packing": False, "length_groups": 0,
                                                                                 **data})),
                                dist=SimpleNamespace(is_main=True), _advised=False)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="training.loop"):
-            Trainer._advise_batching(fake, padding)
+        with caplog.at_level("WARNING", logger="training.sft"):
+            SFTModule._advise_batching(fake, padding)
         return [r.getMessage() for r in caplog.records]
 
     [msg] = advise(0.4)

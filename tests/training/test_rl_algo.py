@@ -89,7 +89,7 @@ def test_policy_loss_clips_and_reduces_per_sequence():
 
 
 def test_step_queries_depend_only_on_seed_and_step():
-    from training.rl.loop import step_queries
+    from training.rl.grpo import step_queries
 
     a = [step_queries(10, s, 4, 7) for s in range(10)]
     assert a == [step_queries(10, s, 4, 7) for s in range(10)]

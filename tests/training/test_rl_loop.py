@@ -30,7 +30,7 @@ def _cfg(tmp: Path, shards: Path, sft: Path, *overrides: str):
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
     """Fixture shards and an SFT checkpoint that answers in the span format (60 steps, ~15 s)."""
-    from training.loop import train
+    from training.sft import train
 
     tmp = tmp_path_factory.mktemp("rl_sft")
     shards = write_fixture_shards(tmp / "shards", n_train=24, n_val=6, shards_per_split=2)
@@ -97,7 +97,7 @@ def assert_same_steps(a: list[dict], b: list[dict], kl_every: int) -> None:
     """Two steps.csv histories are bit-equal in every metric that does not time anything (`*_s`): the cells parsed
     as floats and compared with ==. NaN is accepted only in `kl`, only on the steps where it is not measured by
     design (kl_beta 0: every `kl_every`-th step), and only where both runs have it; every other cell is finite."""
-    from training.rl.loop import STEP_METRICS
+    from training.rl.grpo import STEP_METRICS
 
     keys = ["step", *(k for k in STEP_METRICS if not k.endswith("_s"))]
     assert len(a) == len(b) and a
@@ -118,7 +118,7 @@ def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
     Checkpoints follow the SFT contract and name their parent; steps.csv and summary.json are written."""
     from safetensors.torch import load_file
 
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
     from vtg import checkpoints
 
     _, shards, sft_dir = sft
@@ -158,7 +158,7 @@ def test_rl_resumes_exactly_and_writes_the_checkpoint_contract(sft, tmp_path):
 @pytest.mark.slow
 def test_rl_raises_the_mean_reward(sft, tmp_path):
     """A short GRPO run on the fixture data: the mean reward of the last steps beats the first steps'."""
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
 
     _, shards, sft_dir = sft
     cfg = _cfg(tmp_path, shards, sft_dir, "rl.max_steps=40", "rl.lr=1e-3", "rl.queries_per_step=8",
@@ -217,7 +217,7 @@ def test_rl_world_size_2_zero3_torchrun(sft, tmp_path):
 def test_rl_off_leaves_an_empty_root_and_moves_old_checkpoints_aside(tmp_path):
     """orchestration.rl=false: no RL checkpoints survive in the root (selection must not see a stale run), none
     are deleted, and the summary says where they went."""
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
 
     old = tmp_path / "rl" / "step-000002"
     (old / "hf").mkdir(parents=True)
@@ -236,8 +236,8 @@ def test_rl_from_a_checkpoint_that_cannot_answer_warns_and_says_so(tmp_path, cap
     counts the steps without a learning signal."""
     import logging
 
-    from training.loop import train
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
+    from training.sft import train
 
     shards = write_fixture_shards(tmp_path / "shards", n_train=8, n_val=4, shards_per_split=1)
     cfg = _cfg(tmp_path, shards, tmp_path / "sft", "train.max_steps=1", "train.lr=1e-6", "rl.max_steps=2",
@@ -255,7 +255,7 @@ def test_rl_from_a_checkpoint_that_cannot_answer_warns_and_says_so(tmp_path, cap
 def test_rl_under_fsdp2_is_refused_before_it_loads_anything(tmp_path):
     """FSDP2 cannot run generate's vision pass over sharded parameters (measured: a mixed Tensor/DTensor
     convolution on the first rollout): the stage says so at once, naming what to use."""
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
 
     cfg = _cfg(tmp_path, tmp_path / "shards", tmp_path / "sft", "train.strategy=fsdp")
     with pytest.raises(VTGError, match=r"FSDP2 cannot run the RL stage yet .* train.strategy=deepspeed"):

@@ -86,23 +86,24 @@ def test_torch_adamw_without_deepspeed_offload(tmp_path):
 def test_optimizer_offload_trains_with_deepspeed_cpu_adam(shards_dir, tmp_path):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    from training.loop import Trainer
+    from training.sft import SFTModule
+    from training.trainer import Trainer
 
     cfg = train_config(shards_dir, tmp_path / "ck", "train.offload_optimizer=true", "train.max_steps=3",
                        "train.save_every=3", "train.micro_batch_size=2")
-    trainer = Trainer(cfg, callbacks=[])
-    assert isinstance(trainer.engine.engine.client_optimizer, DeepSpeedCPUAdam)
-    assert trainer.engine.ds_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    trainer = Trainer(cfg, SFTModule(cfg), callbacks=[])
+    assert isinstance(trainer.module.engine.engine.client_optimizer, DeepSpeedCPUAdam)
+    assert trainer.module.engine.ds_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     losses = trainer.fit()["losses"]
     assert len(losses) == 3 and all(np.isfinite(losses))
 
 
 def test_deterministic_switch_before_the_model_and_in_meta(shards_dir, tmp_path, monkeypatch):
-    from training import loop
+    from training import sft
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     seen = {}
-    real_build = loop.build_model
+    real_build = sft.build_model
 
     def spy(tcfg, device):
         seen.update(deterministic=torch.are_deterministic_algorithms_enabled(),
@@ -111,9 +112,9 @@ def test_deterministic_switch_before_the_model_and_in_meta(shards_dir, tmp_path,
                     benchmark=torch.backends.cudnn.benchmark)
         return real_build(tcfg, device)
 
-    monkeypatch.setattr(loop, "build_model", spy)
+    monkeypatch.setattr(sft, "build_model", spy)
     try:
-        summary = loop.train(train_config(shards_dir, tmp_path / "ck", "train.deterministic=true",
+        summary = sft.train(train_config(shards_dir, tmp_path / "ck", "train.deterministic=true",
                                           "train.max_steps=2", "train.micro_batch_size=2"))
         assert all(np.isfinite(summary["losses"]))
         assert seen == {"deterministic": True, "warn_only": True, "cublas": CUBLAS_WORKSPACE, "cudnn": True,
@@ -126,13 +127,14 @@ def test_deterministic_switch_before_the_model_and_in_meta(shards_dir, tmp_path,
 
 def test_bf16_with_gradient_checkpointing_trains_on_cpu(shards_dir, tmp_path):
     """bf16 weights (DeepSpeed bf16, pixels cast by model_inputs) and activation recomputation, 2 tiny steps."""
-    from training.loop import Trainer
+    from training.sft import SFTModule
+    from training.trainer import Trainer
 
     cfg = train_config(shards_dir, tmp_path / "ck", "train.precision=bf16", "train.model.gradient_checkpointing=true",
                        "train.max_steps=2", "train.save_every=2", "train.micro_batch_size=2")
     rec = Recorder()
-    trainer = Trainer(cfg, callbacks=[rec])
-    module = trainer.engine.module
+    trainer = Trainer(cfg, SFTModule(cfg), callbacks=[rec])
+    module = trainer.module.engine.module
     assert module.is_gradient_checkpointing and {p.dtype for p in module.parameters()} == {torch.bfloat16}
     calls = []
     # A module inside a checkpointed decoder layer (the layer's own hooks stay outside the checkpoint); a pre-hook,

@@ -12,7 +12,7 @@ import pytest
 from support.train_fixtures import Recorder, synthetic_window, train_config
 
 from training.guards import StabilityGuard
-from training.loop import train
+from training.sft import train
 from vtg import shards
 from vtg.errors import VTGError
 

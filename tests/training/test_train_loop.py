@@ -10,8 +10,8 @@ import pytest
 import torch
 from support.train_fixtures import HOOK_CALLS, Recorder, train_config
 
-from training.loop import train
 from training.sanity import SanityError
+from training.sft import train
 from vtg.checkpoints import export_dir, read_checkpoint_meta, resolve_checkpoint
 from vtg.model.modeling import load_model_and_tokenizer
 from vtg.model.processing import collate, encode_example, model_inputs

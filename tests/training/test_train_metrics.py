@@ -255,7 +255,7 @@ def test_cpu_run_logs_throughput_and_no_gpu_keys(shards_dir, tiny_model_dir, tmp
     from transformers import AutoModelForImageTextToText
 
     from training.callbacks.mlflow_cb import MLflowCallback
-    from training.loop import train
+    from training.sft import train
     from vtg.checkpoints import export_dir, resolve_checkpoint
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

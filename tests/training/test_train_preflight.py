@@ -176,16 +176,16 @@ def test_tiny_count_matches_encode_example_on_a_real_example(timestamps, positio
 
 
 def test_training_stops_before_building_the_model(shards_dir, tmp_path, monkeypatch):
-    from training import loop
+    from training import sft
 
     def no_model(*a, **k):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(loop, "build_model", no_model)
+    monkeypatch.setattr(sft, "build_model", no_model)
     with pytest.raises(PreflightError, match=r"train\.data\.max_seq_len=100: set train\.data\.max_seq_len=256"):
-        loop.train(train_config(shards_dir, tmp_path / "ck", "train.data.max_seq_len=100"))
+        sft.train(train_config(shards_dir, tmp_path / "ck", "train.data.max_seq_len=100"))
     with pytest.raises(PreflightError, match=r"train\.gpu_mem_gb=0\.5"):
-        loop.train(train_config(shards_dir, tmp_path / "ck", "train.gpu_mem_gb=0.5"))
+        sft.train(train_config(shards_dir, tmp_path / "ck", "train.gpu_mem_gb=0.5"))
     assert not (tmp_path / "ck").exists()
 
 

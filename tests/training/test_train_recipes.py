@@ -385,7 +385,7 @@ def test_qwen3vl_8b_full_recipe_shape_true_world_size_2(recipe_shards, tmp_path)
     runs beside the 7B ranks (two 6 GB ranks each)."""
     from transformers import AutoModelForImageTextToText
 
-    from training.rl.loop import run_rl
+    from training.rl.grpo import run_rl
 
     hub_id, experiment = "Qwen/Qwen3-VL-8B-Instruct", "qwen3vl_8b_zero2_8gpu"
     t0, base_dir = time.monotonic(), _base(hub_id)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from support.train_fixtures import train_config
 
-from training.loop import train
+from training.sft import train
 from vtg import checkpoints as ckpt
 from vtg.errors import VTGError
 

@@ -9,7 +9,7 @@ import torch
 from support.train_fixtures import Recorder, train_config
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from training.loop import train
+from training.sft import train
 from vtg.checkpoints import export_dir
 
 ADAM_EPS = 1e-8

@@ -17,8 +17,8 @@ import pytest
 from support.train_fixtures import train_config
 
 from training.data import StreamSpec, make_loader
-from training.loop import train
 from training.sanity import SanityError
+from training.sft import train
 from vtg.errors import VTGError
 from vtg.io import file_digest
 from vtg.model.processing import VisionParams

@@ -77,18 +77,21 @@ class CallbackList(Callback):
         return meta
 
 
-def default_callbacks(cfg, is_main: bool) -> list[Callback]:
-    """Console progress, MLflow (when tracking is enabled) and the post-checkpoint hooks, on rank 0 only."""
+def default_callbacks(cfg, is_main: bool, section: str = "train") -> list[Callback]:
+    """Console progress, MLflow (when tracking is enabled) and the post-checkpoint hooks of the stage whose config
+    section is `section` (`train`: SFT, `rl`: GRPO), on rank 0 only."""
     if not is_main:
         return []
-    from training.callbacks.console import ConsoleCallback
+    from training.callbacks.console import ConsoleCallback, RLConsole
     from training.callbacks.hooks import CheckpointHooks
 
-    callbacks: list[Callback] = [ConsoleCallback(cfg.train.max_steps, progress=cfg.train.progress)]
+    run = getattr(cfg, section)
+    console = {"train": ConsoleCallback, "rl": RLConsole}[section]
+    callbacks: list[Callback] = [console(run.max_steps, progress=run.progress)]
     if cfg.tracking.enabled:
-        from training.callbacks.mlflow_cb import MLflowCallback
+        from training.callbacks.mlflow_cb import MLflowCallback, RLMLflow
 
-        callbacks.append(MLflowCallback(cfg))
-    if cfg.train.checkpoint_hooks:
-        callbacks.append(CheckpointHooks(cfg.train.checkpoint_hooks))
+        callbacks.append({"train": MLflowCallback, "rl": RLMLflow}[section](cfg))
+    if run.checkpoint_hooks:
+        callbacks.append(CheckpointHooks(run.checkpoint_hooks))
     return callbacks

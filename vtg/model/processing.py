@@ -3,7 +3,7 @@
 transformers' video processor needs torchvision, which cannot live beside the CPU torch here (docs/environment.md), so
 the patchify step is ours: resize to a multiple of patch x merge within the pixel bounds (PIL bicubic, as
 `Qwen2VLImageProcessor` does), rescale, normalise with the mean/std, and the same (t, h, w) -> (merged patch)
-reshape. It matches `Qwen2VLImageProcessor` exactly (tests/training/test_train_processing.py, test_family_parity.py).
+reshape. It matches `Qwen2VLImageProcessor` exactly (tests/vtg/model/test_processing.py, test_family_parity.py).
 
 The processor facts (patch, merge and temporal patch sizes, pixel bounds, mean/std) are the checkpoint's own:
 `VisionParams.from_model` reads the `preprocessor_config.json` next to the weights the model was loaded from

@@ -6,7 +6,7 @@ Where each part comes from (nothing is downloaded at build time):
   read from the installed package; `dashscope` itself is never imported.
 - **Merges**: one per multi-byte token (151,387, as many as the published `merges.txt`), recovered by running
   BPE on the token's own bytes over the lower ranks. Hugging Face BPE over them encodes exactly like tiktoken
-  over the ranks (tests/training/test_qwen_tokenizer.py compares the two).
+  over the ranks (tests/vtg/model/test_qwen_tokenizer.py compares the two).
 - **Pre-tokenizer**: `PAT_STR` of dashscope `tokenizers/qwen_tokenizer.py`, which is also the `Split` regex of
   the published Qwen `tokenizer.json` and of transformers' `Qwen2Tokenizer`: a number splits into single
   digits. NFC normalizer and byte-level pre-tokenizer/post-processor/decoder as in that `tokenizer.json`.

@@ -1,8 +1,8 @@
-"""The training loop: one function, `train(cfg)`, used by the CLI, the benchmarks and the tests.
+"""SFT as a train module (`SFTModule`) and `train(cfg)`, used by the CLI, the benchmarks and the tests.
 
-Same loop for every launcher (deepspeed / torchrun / single process) and both engines (DeepSpeed ZeRO 0-3,
-FSDP2). What happens around the steps (lock, resume, rank state, save, retention) is the run lifecycle GRPO shares
-(`training.lifecycle`); side effects go through callbacks; this module imports no tracker.
+Same module for every launcher (deepspeed / torchrun / single process) and both engines (DeepSpeed ZeRO 0-3,
+FSDP2). The outer loop (lock, resume, cadence, save, error reporting) is the one `training.trainer.Trainer` that
+GRPO runs under too; side effects go through callbacks; this module imports no tracker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from training import early_stop
-from training.callbacks import Callback, CallbackList, default_callbacks
+from training.callbacks import Callback
 from training.data import (
     StreamSpec,
     check_mix_sources,
@@ -31,13 +31,11 @@ from training.dist import (
     all_reduce_max,
     all_reduce_sum,
     broadcast,
-    init_distributed,
     seed_everything,
     set_determinism,
 )
 from training.engine import EngineSettings, build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
-from training.lifecycle import RunLifecycle
 from training.metrics import PerfMonitor, model_flops, vision_patches
 from training.preflight import check_before_training
 from training.sanity import (
@@ -48,8 +46,8 @@ from training.sanity import (
     check_shards_manifest,
     check_tokenizer,
 )
-from vtg import lineage
-from vtg.config import PipelineConfig, config_hash
+from training.trainer import Trainer, TrainModule, run_module
+from vtg.config import PipelineConfig
 from vtg.config.keys import trajectory_view, view_hash
 from vtg.errors import VTGError
 from vtg.model.modeling import (
@@ -113,25 +111,26 @@ def build_model(cfg: PipelineConfig, device: torch.device):
     return model, tokenizer, base
 
 
-class Trainer:
-    def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None,
-                 evaluator: early_stop.Evaluator | None = None):
+class SFTModule(TrainModule):
+    """Supervised fine-tuning on the grounding shards (and `train.data.mix`'s other sources): one optimizer step
+    = `train.grad_accum` micro-batches of the teacher-forced answer loss, with the stability guard's skips."""
+
+    section, key_name = "train", TRAIN_KEY
+
+    def __init__(self, cfg: PipelineConfig, evaluator: early_stop.Evaluator | None = None):
         """`evaluator`: what `train.early_stop` scores each checkpoint with (`checkpoint -> val loss`; default
         `training.early_stop.val_loss_evaluator`, training's own val split)."""
         self.cfg, self.tcfg = cfg, cfg.train
         self.evaluator = evaluator
+        self.num_workers = self.tcfg.data.num_workers
         check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
-        self.dist = init_distributed(self.tcfg.strategy)
-        self.run = RunLifecycle(cfg, "train", TRAIN_KEY, self.dist)  # the lock first
-        self.run.guarded(self._setup, callbacks)
 
-    def _setup(self, callbacks: list[Callback] | None) -> None:
+    def setup(self, trainer: Trainer) -> None:
+        self.trainer, self.dist = trainer, trainer.dist
         seed_everything(self.tcfg.seed)
         set_determinism(self.tcfg.deterministic)
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
         check_mix_suites(self.tcfg.data.mix)
-        self.callbacks = CallbackList(default_callbacks(self.cfg, self.dist.is_main) if callbacks is None
-                                      else callbacks)
         self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
         self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
         if self.tcfg.data.packing:
@@ -144,7 +143,6 @@ class Trainer:
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
                                       if self.dist.is_main else None, self.dist)
         check_mix_sources(self.tcfg.data.mix, self.data_sources, self.tcfg.shards_dir, self.tcfg.data.split)
-        self.git_commit = lineage.git_commit()
         self.trainable, self.total = count_parameters(self.model)
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
                                    self.dist.is_main)
@@ -152,11 +150,17 @@ class Trainer:
         self.engine = build_engine(self.model, EngineSettings.for_sft(self.tcfg), self.dist.world_size)
         self.guard = StabilityGuard.from_config(self.tcfg.guards)
         self.state = RunState()
-        self.resumed_meta: dict = {}
-        self.resume()
 
-    def release_lock(self) -> None:
-        self.run.release()
+    def run_key(self) -> str:
+        return train_hash(self.tcfg)
+
+    def state_dict(self) -> dict:
+        return {"run": self.state.__dict__, "guard": self.guard.state_dict()}
+
+    def load_state_dict(self, saved: dict, src: Path) -> None:
+        self.state = RunState(**saved["run"])
+        self.guard.load_state_dict(saved["guard"])
+        log.info("resumed from %s (step %d, %d batches consumed)", src, self.state.step, self.state.batches)
 
     # ---- before step 1 -------------------------------------------------------------------------------
     def check_shards(self) -> None:
@@ -183,33 +187,23 @@ class Trainer:
                     self.total)
         check_data_version(self.data_version)
 
-    def resume(self) -> None:
-        src, meta = self.run.resume_source(train_hash(self.tcfg), self.data_version)
-        if src is None:
-            return
-        saved = self.run.restore(src, self.engine, self.tcfg.data.num_workers)
-        self.state = RunState(**saved["run"])
-        self.guard.load_state_dict(saved["guard"])
-        self.resumed_meta = meta
-        log.info("resumed from %s (step %d, %d batches consumed)", src, self.state.step, self.state.batches)
-
     # ---- checkpointing -------------------------------------------------------------------------------
-    def save(self, last_loss: float) -> Path | None:
-        meta = {"data_version": self.data_version, "data_sources": self.data_sources, "git_commit": self.git_commit,
-                "config_hash": config_hash(self.cfg),
-                TRAIN_KEY: train_hash(self.tcfg), "finetune": self.tcfg.model.finetune, "base": self.tcfg.model.base,
-                "base_path": self.base_path, "samples_seen": self.state.samples,
-                "metrics": {"train/loss": last_loss, TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)},
-                "deterministic": self.tcfg.deterministic, "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
+    def checkpoint_meta(self) -> dict:
+        meta = {"finetune": self.tcfg.model.finetune, "base": self.tcfg.model.base, "base_path": self.base_path,
+                "samples_seen": self.state.samples,
+                "metrics": {"train/loss": self.last_loss,
+                            TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)}}
         if self.tcfg.data.mix:
             meta["data_mix"] = self.mix_totals()
-        state = {"run": self.state.__dict__, "guard": self.guard.state_dict(), "num_workers": self.tcfg.data.num_workers}
-        final = self.run.save(self.state.step, self.engine, self.tokenizer, state, meta)
-        if final is not None:
-            self.callbacks.on_checkpoint(final, self.state.step)
-        return final
+        return meta
 
-    # ---- the loop ------------------------------------------------------------------------------------
+    def after_save(self, saved: Path | None, completed: bool) -> bool:
+        if self.tcfg.early_stop and not completed:
+            self.early = self._early_stop(self.stopper, saved)
+        self.monitor.skip_idle(self.window)  # checkpoint time (and the early-stop evaluation) is not step time
+        return self.early is not None
+
+    # ---- the steps -----------------------------------------------------------------------------------
     def _loader(self):
         d = self.tcfg.data
         spec = StreamSpec(urls=tuple(self.urls), seed=self.tcfg.seed, resampled=d.resampled,
@@ -225,43 +219,38 @@ class Trainer:
     def run_info(self) -> dict:
         t = self.tcfg
         return {"base": t.model.base, "finetune": t.model.finetune, "trainable_params": self.trainable,
-                "total_params": self.total, "world_size": self.dist.world_size,
-                "micro_batch_size": t.micro_batch_size, "grad_accum": t.grad_accum,
+                "total_params": self.total, "micro_batch_size": t.micro_batch_size, "grad_accum": t.grad_accum,
                 "effective_batch": t.micro_batch_size * t.grad_accum * self.dist.world_size,
-                "data_version": self.data_version, "data_sources": self.data_sources, "git_commit": self.git_commit,
-                "start_step": self.state.step,
-                "mlflow_run_id": self.resumed_meta.get("mlflow_run_id"), "shards": len(self.urls)}
+                "shards": len(self.urls)}
 
-    def fit(self, stop_after: int | None = None) -> dict:
-        """Train to `train.max_steps` (or checkpoint and stop after step `stop_after`); a run that fails or is
-        interrupted tells the callbacks (`on_train_error`: the tracker's run ends FAILED) before the error goes on."""
-        return self.callbacks.reporting_errors(self._fit, stop_after)
-
-    def _fit(self, stop_after: int | None) -> dict:
-        t, st, dev = self.tcfg, self.state, self.dist.device
-        start_wall, start_step = time.perf_counter(), st.step
-        self.callbacks.on_train_start(self.run_info())
-        stop_at = min(t.max_steps, stop_after) if stop_after else t.max_steps
-        dtype = half_dtype(t.precision)
-        micro_losses: list[float] = []
-        step_samples = 0
-        window = self.monitor.new_window()
-        mix_window: dict[str, int] = {}
-        last_loss, completed = float("nan"), st.step >= stop_at
-        early = None
+    def start(self, stop_at: int) -> bool:
+        t, st = self.tcfg, self.state
+        self.micro_losses: list[float] = []
+        self.step_samples = 0
+        self.window = self.monitor.new_window()
+        self.mix_window: dict[str, int] = {}
+        self.last_loss, self.step_lr = float("nan"), float("nan")
+        completed = st.step >= stop_at
+        self.early = None
         recorded = early_stop.stopped_at(self.cfg, train_hash(t)) if t.early_stop and st.step else None
         if recorded is not None and recorded["step"] <= st.step:
             log.info("this run ended early at step %d (%s): nothing to train", recorded["step"],
                      early_stop.marker_path(self.cfg))
-            early, completed = recorded, True
-        stopper = (early_stop.EarlyStop(self.cfg, self.evaluator or early_stop.val_loss_evaluator(
-            self.cfg, str(dev)), train_hash(t), st.step)
+            self.early, completed = recorded, True
+        self.stopper = (early_stop.EarlyStop(self.cfg, self.evaluator or early_stop.val_loss_evaluator(
+            self.cfg, str(self.dist.device)), train_hash(t), st.step)
             if t.early_stop and self.dist.is_main and not completed else None)
-        loader = iter(self._loader()) if not completed else None
-        while not completed:
+        self.loader = iter(self._loader()) if not completed else None
+        return completed
+
+    def train_step(self) -> None:
+        """Micro-batches until the engine takes one optimizer step (skipped and empty batches do not count)."""
+        st, dev, window = self.state, self.dist.device, self.window
+        dtype = half_dtype(self.tcfg.precision)
+        while True:
             t0 = time.perf_counter()
             try:
-                batch = next(loader)
+                batch = next(self.loader)
             except StopIteration:
                 raise VTGError("the training stream ended before max_steps (set train.data.resampled=true or "
                                "lower train.max_steps)") from None
@@ -281,47 +270,40 @@ class Trainer:
                 self._skip(verdict, value, batch["keys"])
                 continue
             self.engine.backward(loss)
-            micro_losses.append(value)
+            self.micro_losses.append(value)
             window["tokens"] += float(batch["attention_mask"].sum())
             window["slots"] += batch["input_ids"].numel()
             window["samples"] += len(batch["keys"])
             for name in batch.get("mix", ()):
                 st.mix_counts[name] = st.mix_counts.get(name, 0) + 1
-                mix_window[name] = mix_window.get(name, 0) + 1
+                self.mix_window[name] = self.mix_window.get(name, 0) + 1
             window["patches"] += vision_patches(batch)
-            step_samples += len(batch["keys"])
-            step_lr = self.engine.lr()  # the lr this optimizer step uses (the scheduler moves on inside step())
-            if not self.engine.step():
-                continue
-            st.step += 1
-            total_loss, step_samples = all_reduce_sum([sum(micro_losses) / len(micro_losses), step_samples], dev)
-            last_loss, micro_losses = total_loss / self.dist.world_size, []
-            st.samples += int(step_samples)
-            step_samples = 0
-            self.guard.accept(last_loss)
-            st.losses.append(last_loss)
-            window["steps"] += 1
-            self.monitor.poll()
-            if st.step % t.log_every == 0 or st.step == stop_at:
-                self._log_window(window, last_loss, step_lr, mix_window)
-                window, mix_window = self.monitor.new_window(), {}
-            completed = st.step >= stop_at
-            if st.step % t.save_every == 0 or st.step == stop_at:
-                saved = self.save(last_loss)
-                if t.early_stop and not completed:
-                    early = self._early_stop(stopper, saved)
-                    completed = early is not None
-                self.monitor.skip_idle(window)  # checkpoint time (and the early-stop evaluation) is not step time
-        del loader
-        wall = time.perf_counter() - start_wall
-        summary = {"step": st.step, "final_loss": last_loss, "skipped_batches": st.skipped_batches,
-                   "data_errors": st.data_errors, "wall_s": wall, "samples_seen": st.samples,
-                   "steps_per_s": (st.step - start_step) / wall if wall > 0 else 0.0,
-                   "completed": st.step >= t.max_steps or early is not None, "early_stop": early,
-                   "data_mix": self.mix_totals(),
-                   **self.monitor.summary(), "losses": list(st.losses)}
-        self.callbacks.on_train_end(summary)
-        return summary
+            self.step_samples += len(batch["keys"])
+            self.step_lr = self.engine.lr()  # the lr this optimizer step uses (the scheduler moves on in step())
+            if self.engine.step():
+                break
+        st.step += 1
+        total_loss, step_samples = all_reduce_sum([sum(self.micro_losses) / len(self.micro_losses),
+                                                   self.step_samples], dev)
+        self.last_loss, self.micro_losses = total_loss / self.dist.world_size, []
+        st.samples += int(step_samples)
+        self.step_samples = 0
+        self.guard.accept(self.last_loss)
+        st.losses.append(self.last_loss)
+        window["steps"] += 1
+        self.monitor.poll()
+
+    def finish(self) -> None:
+        self.loader = None
+
+    def summary(self, wall_s: float, start_step: int) -> dict:
+        st, t = self.state, self.tcfg
+        return {"step": st.step, "final_loss": self.last_loss, "skipped_batches": st.skipped_batches,
+                "data_errors": st.data_errors, "wall_s": wall_s, "samples_seen": st.samples,
+                "steps_per_s": (st.step - start_step) / wall_s if wall_s > 0 else 0.0,
+                "completed": st.step >= t.max_steps or self.early is not None, "early_stop": self.early,
+                "data_mix": self.mix_totals(),
+                **self.monitor.summary(), "losses": list(st.losses)}
 
     def _early_stop(self, stopper: early_stop.EarlyStop | None, saved: Path | None) -> dict | None:
         """`train.early_stop`: rank 0 scores the new checkpoint with the evaluator it was handed and reads the
@@ -335,19 +317,20 @@ class Trainer:
             return None
         return signal or early_stop.stopped_at(self.cfg, train_hash(self.tcfg)) or {"step": self.state.step}
 
-    def _log_window(self, window: dict, loss: float, lr: float, mix_window: dict[str, int]) -> None:
+    def step_metrics(self) -> dict[str, float]:
         """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;
         every rank calls this); the loss is this step's, all-rank mean, the lr the one this step used; with
-        `train.data.mix`, each source's share of the window's examples (`data/mix/<name>`)."""
+        `train.data.mix`, each source's share of the window's examples (`data/mix/<name>`). Starts a new window."""
         st = self.state
         norm = self.engine.grad_norm()
-        perf = self.monitor.window_metrics(window)
+        perf = self.monitor.window_metrics(self.window)
         self._advise_batching(perf.get("perf/padding_frac"))
-        self.callbacks.on_step(st.step, {
-            "train/loss": loss, "train/lr": lr, "train/grad_norm": float("nan") if norm is None else norm,
-            "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf,
-            **self._mix_shares(mix_window)})
-
+        metrics = {"train/loss": self.last_loss, "train/lr": self.step_lr,
+                   "train/grad_norm": float("nan") if norm is None else norm,
+                   "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf,
+                   **self._mix_shares(self.mix_window)}
+        self.window, self.mix_window = self.monitor.new_window(), {}
+        return metrics
     def _mix_shares(self, counts: dict[str, int]) -> dict[str, float]:
         """Each mix source's share of `counts` summed over ranks (every rank calls this); {} without a mix."""
         names = [m.name for m in self.tcfg.data.mix]
@@ -390,7 +373,7 @@ class Trainer:
                 "rank": self.dist.rank}
         log.warning("rank %d step %d: skipped batch (%s, local loss %s) keys %s", self.dist.rank, self.state.step,
                     reason, info["loss"], ", ".join(keys[:8]) + (" ..." if len(keys) > 8 else ""))
-        self.callbacks.on_skip(self.state.step, info)
+        self.trainer.callbacks.on_skip(self.state.step, info)
         if self.guard.skipped():
             raise VTGError(f"{self.guard.consecutive_skips} batches skipped in a row ({reason}): the run has "
                            "diverged; lower train.lr or check the data")
@@ -399,10 +382,6 @@ class Trainer:
 def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None,
           evaluator: early_stop.Evaluator | None = None) -> dict:
     """Train per `cfg` (resuming per `train.resume`); returns a summary with the per-step losses. `evaluator`:
-    what `train.early_stop` scores checkpoints with (`Trainer`)."""
+    what `train.early_stop` scores checkpoints with (`SFTModule`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, callbacks, evaluator)
-    try:
-        return trainer.fit(stop_after=stop_after)
-    finally:
-        trainer.release_lock()
+    return run_module(cfg, SFTModule(cfg, evaluator), callbacks, stop_after)[1]

@@ -10,9 +10,10 @@ One step = one rollout and `rl.updates_per_rollout` optimizer steps:
 Every pass (sampling, the reference, the update's micro-batches) encodes each query's video once for its G rows
 (`training.rl.rollout`); `steps.csv` times each phase (`training.rl.outputs.PHASES`).
 
-Around the steps, the run lifecycle SFT uses (`training.lifecycle`): the lock, exact resume (the run state: step,
-pool, metric history; the RNG, sampling included), checkpoints under `rl.out_dir` with the SFT contract (meta.json
-names the parent checkpoint), retention. The start checkpoint and the query pool: `training.rl.start`.
+`GRPOModule` is a train module: around its steps runs the one trainer SFT runs under (`training.trainer.Trainer`:
+the lock, exact resume (the run state: step, pool, metric history; the RNG, sampling included), checkpoints under
+`rl.out_dir` with the SFT contract (meta.json names the parent checkpoint), retention). The start checkpoint and
+the query pool: `training.rl.start`.
 """
 
 from __future__ import annotations
@@ -26,17 +27,16 @@ from pathlib import Path
 
 import torch
 
-from training.callbacks import Callback, CallbackList
+from training.callbacks import Callback
 from training.dist import (
     all_reduce_max,
     all_reduce_sum,
     broadcast,
-    init_distributed,
     seed_everything,
     set_determinism,
 )
 from training.engine import EngineSettings, build_engine
-from training.lifecycle import RunLifecycle, move_aside
+from training.lifecycle import move_aside
 from training.rl import algo
 from training.rl.outputs import STAGE, STEP_METRICS, run_summary, write_outputs
 from training.rl.phases import PhaseClock
@@ -55,9 +55,9 @@ from training.rl.start import (
     start_checkpoint,
     step_queries,
 )
+from training.trainer import Trainer, TrainModule, run_module
 from vtg import checkpoints as ckpt
-from vtg import lineage
-from vtg.config import PipelineConfig, config_hash
+from vtg.config import PipelineConfig
 from vtg.config.keys import trajectory_view, view_hash
 from vtg.errors import VTGError
 from vtg.model.modeling import load_model_and_tokenizer, torch_dtype
@@ -88,15 +88,17 @@ def rl_hash(cfg: PipelineConfig, parent_digest: str) -> str:
                       "precision": cfg.train.precision, "strategy": cfg.train.strategy})
 
 
-class GRPOTrainer:
-    def __init__(self, cfg: PipelineConfig, callbacks: list[Callback] | None = None):
-        self.cfg, self.rcfg = cfg, cfg.rl
-        self.dist = init_distributed(cfg.train.strategy)
-        self.run = RunLifecycle(cfg, "rl", RL_KEY, self.dist)  # the lock first
-        self.run.guarded(self._setup, callbacks)
+class GRPOModule(TrainModule):
+    """GRPO as a train module: one step = one rollout and `rl.updates_per_rollout` optimizer steps."""
 
-    def _setup(self, callbacks: list[Callback] | None) -> None:
-        cfg, r, d = self.cfg, self.rcfg, self.dist
+    section, key_name = "rl", RL_KEY
+
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg, self.rcfg = cfg, cfg.rl
+
+    def setup(self, trainer: Trainer) -> None:
+        cfg, r, d = self.cfg, self.rcfg, trainer.dist
+        self.dist = d
         if r.num_gpus != d.world_size:
             log.warning("rl.num_gpus=%d but running on %d rank(s)", r.num_gpus, d.world_size)
         if cfg.train.strategy == "fsdp":  # measured: transformers' generate runs the vision tower before FSDP2 has
@@ -117,7 +119,7 @@ class GRPOTrainer:
         if self.parent_meta.get("data_version") != self.data_version:
             raise VTGError(f"{self.parent} was trained on data {str(self.parent_meta.get('data_version'))[:12]}, the "
                            f"shards are now {self.data_version[:12]}: retrain SFT first (`dvc repro train`)")
-        self.resume_from, self.resumed_meta = self.run.resume_source(self.hash, self.data_version)
+        resuming = trainer.decide_resume() is not None
         self.model, self.tokenizer = load_model_and_tokenizer(ckpt.export_dir(self.parent), device=self.device,
                                                               dtype=self.dtype, trainable=True)
         self.vision = VisionParams.from_model(self.model)  # the start checkpoint's processor facts
@@ -125,7 +127,7 @@ class GRPOTrainer:
         self.state = RLState()
         examples = load_train_queries(cfg)
         self.by_key = {ex.key: ex for ex in examples}
-        if self.resume_from is None:
+        if not resuming:
             kept, counts = (difficulty_filter(self.model, self.tokenizer, examples, cfg, self.device)
                             if d.is_main else (None, None))
             self.state.pool, self.state.difficulty = broadcast((kept, counts), d)
@@ -135,17 +137,20 @@ class GRPOTrainer:
         per_rank = r.queries_per_step // d.world_size * r.group_size
         self.micro_steps = math.ceil(per_rank / r.micro_batch_size)
         self.engine = build_engine(self.model, EngineSettings.for_rl(cfg, self.micro_steps), d.world_size)
-        self.callbacks = CallbackList(callbacks if callbacks is not None else default_callbacks(cfg, d.is_main))
-        if self.resume_from is not None:
-            saved = self.run.restore(self.resume_from, self.engine, num_workers=0)
-            self.state = RLState(**saved["run"])
-            log.info("resumed RL from %s (step %d)", self.resume_from, self.state.step)
+        self.gen_tokens, self.rollout_s = 0.0, 0.0
+
+    def run_key(self) -> str:
+        return self.hash
+
+    def state_dict(self) -> dict:
+        return {"run": asdict(self.state), "guard": {}}
+
+    def load_state_dict(self, saved: dict, src: Path) -> None:
+        self.state = RLState(**saved["run"])
+        log.info("resumed RL from %s (step %d)", src, self.state.step)
         missing = [k for k in self.state.pool if k not in self.by_key]
         if missing:
             raise VTGError(f"{len(missing)} pool queries (e.g. {missing[0]}) are not in the train shards any more")
-
-    def release_lock(self) -> None:
-        self.run.release()
 
     # ---- one step ------------------------------------------------------------------------------------------
     def _rollout(self, step: int, clock: PhaseClock) -> tuple[Rollout, list, torch.Tensor, dict]:
@@ -268,7 +273,13 @@ class GRPOTrainer:
         st.step += 1
         st.history.append({"step": st.step, **row})
         self._warn(row)
-        return {**row, "loss": loss / self.dist.world_size, "gen_tokens": gen_tokens}
+        self.gen_tokens += gen_tokens
+        self.rollout_s += row["rollout_s"]
+        self.row = {**row, "loss": loss / self.dist.world_size, "gen_tokens": gen_tokens}
+        return self.row
+
+    def step_metrics(self) -> dict[str, float]:
+        return {f"rl/{k}": self.row[k] for k in STEP_METRICS} | {"rl/loss": self.row["loss"]}
 
     def _warn(self, row: dict) -> None:
         r = self.rcfg
@@ -292,80 +303,37 @@ class GRPOTrainer:
                         r.entropy_warn)
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
-    def save(self) -> Path | None:
+    def checkpoint_meta(self) -> dict:
         step, pm = self.state.step, self.parent_meta
         last = self.state.history[-1] if self.state.history else {}
         parent = ckpt.parent_ref(Path(self.rcfg.out_dir) / ckpt.step_dir_name(step), self.parent)
-        meta = {"stage": STAGE, "parent_checkpoint": parent, "parent_step": pm.get("step"),
-                "data_version": self.data_version, "data_sources": self.data_sources,
-                "git_commit": lineage.git_commit(), "config_hash": config_hash(self.cfg), RL_KEY: self.hash,
+        return {"stage": STAGE, "parent_checkpoint": parent, "parent_step": pm.get("step"),
                 "train_hash": pm.get("train_hash"),
                 "finetune": pm.get("finetune"), "base": pm.get("base"), "base_path": pm.get("base_path"),
-                "deterministic": self.cfg.train.deterministic,
                 "samples_seen": step * self.rcfg.queries_per_step * self.rcfg.group_size,
-                "metrics": {f"rl/{k}": last.get(k) for k in ("reward_mean", "iou_mean")},
-                "mlflow_run_id": None, **self.callbacks.checkpoint_meta()}
-        state = {"run": asdict(self.state), "guard": {}, "num_workers": 0}
-        final = self.run.save(step, self.engine, self.tokenizer, state, meta)
-        if final is not None:
-            self.callbacks.on_checkpoint(final, step)
-        return final
+                "metrics": {f"rl/{k}": last.get(k) for k in ("reward_mean", "iou_mean")}}
 
     def run_info(self) -> dict:
         r = self.rcfg
-        return {"parent": str(self.parent), "parent_step": self.parent_meta.get("step"), "start_step": self.state.step,
-                "world_size": self.dist.world_size, "data_version": self.data_version,
-                "data_sources": self.data_sources, "git_commit": lineage.git_commit(), "pool": len(self.state.pool),
+        return {"parent": str(self.parent), "parent_step": self.parent_meta.get("step"), "pool": len(self.state.pool),
                 "difficulty": self.state.difficulty,
-                "batch": f"{r.queries_per_step} queries x {r.group_size} answers",
-                "mlflow_run_id": self.resumed_meta.get("mlflow_run_id")}
+                "batch": f"{r.queries_per_step} queries x {r.group_size} answers"}
 
-    def fit(self, stop_after: int | None = None) -> dict:
-        """GRPO to `rl.max_steps` (or checkpoint and stop after step `stop_after`); a failure reaches the callbacks
-        (`on_train_error`) before it goes on."""
-        return self.callbacks.reporting_errors(self._fit, stop_after)
+    def start(self, stop_at: int) -> bool:
+        self.gen_tokens, self.rollout_s = 0.0, 0.0
+        return self.state.step >= stop_at
 
-    def _fit(self, stop_after: int | None) -> dict:
+    def summary(self, wall_s: float, start_step: int) -> dict:
         r, st = self.rcfg, self.state
-        stop_at = min(r.max_steps, stop_after) if stop_after else r.max_steps
-        self.callbacks.on_train_start(self.run_info())
-        t_start, start_step = time.perf_counter(), st.step
-        gen_tokens, rollout_s = 0.0, 0.0
-        while st.step < stop_at:
-            row = self.train_step()
-            gen_tokens += row["gen_tokens"]
-            rollout_s += row["rollout_s"]
-            if st.step % r.log_every == 0 or st.step == stop_at:
-                self.callbacks.on_step(st.step, {f"rl/{k}": row[k] for k in STEP_METRICS} | {"rl/loss": row["loss"]})
-            if st.step % r.save_every == 0 or st.step == stop_at:
-                self.save()
-        wall = time.perf_counter() - t_start
         summary = run_summary(st, self.parent, self.parent_meta.get("step"), r.max_steps, r.queries_per_step)
         if summary["steps_without_signal"] == summary["step"] and self.dist.is_main:
             log.warning("no RL step had a learning signal (%d of %d steps all unparsed or all groups flat): the RL "
                         "checkpoints equal the start checkpoint up to KL noise; see rl/parse_failure_rate",
                         summary["steps_without_signal"], summary["step"])
-        summary.update({"wall_s": wall, "steps_run": st.step - start_step,
-                        "rollout_tokens_per_s": gen_tokens / rollout_s if rollout_s > 0 else float("nan")})
-        self.callbacks.on_train_end(summary)
+        summary.update({"wall_s": wall_s, "steps_run": st.step - start_step,
+                        "rollout_tokens_per_s": self.gen_tokens / self.rollout_s if self.rollout_s > 0
+                        else float("nan")})
         return summary
-
-
-
-def default_callbacks(cfg: PipelineConfig, is_main: bool) -> list[Callback]:
-    if not is_main:
-        return []
-    from training.callbacks.console import RLConsole
-    from training.callbacks.hooks import CheckpointHooks
-
-    cbs: list[Callback] = [RLConsole(cfg.rl.max_steps, cfg.rl.progress)]
-    if cfg.tracking.enabled:
-        from training.callbacks.mlflow_cb import RLMLflow
-
-        cbs.append(RLMLflow(cfg))
-    if cfg.rl.checkpoint_hooks:
-        cbs.append(CheckpointHooks(cfg.rl.checkpoint_hooks))
-    return cbs
 
 
 def run_rl(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None) -> dict:
@@ -384,11 +352,7 @@ def run_rl(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_af
         log.info("RL is off (orchestration.rl=false): %s is empty%s", root,
                  f" (the earlier RL checkpoints are in {moved})" if moved else "")
         return summary
-    trainer = GRPOTrainer(cfg, callbacks)
-    try:
-        summary = trainer.fit(stop_after=stop_after)
-        if trainer.dist.is_main:
-            write_outputs(summary, trainer.state.history, report_dir)
-        return {**summary, "history": list(trainer.state.history)}
-    finally:
-        trainer.release_lock()
+    trainer, summary = run_module(cfg, GRPOModule(cfg), callbacks, stop_after)
+    if trainer.dist.is_main:
+        write_outputs(summary, trainer.module.state.history, report_dir)
+    return {**summary, "history": list(trainer.module.state.history)}
