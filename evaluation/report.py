@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from evaluation.intervals import format_ci, format_delta
+from evaluation.pareto import PARETO_PLOT, plane_lines, plot_plane
 from evaluation.registry import DEFAULT_STAGE
 from vtg.harness import card_digest
 from vtg.sources import describe
@@ -308,8 +309,19 @@ def _overfit_html(overfit: dict | None) -> str:
     return f'<p style="color:#b00"><b>Warning:</b> {html.escape(overfit["message"])}</p>' if overfit else ""
 
 
+def _pareto_html(pareto: dict | None) -> str:
+    if not pareto:
+        return ""
+    lines = plane_lines(pareto)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    table = _table(rows[0], rows[1:]) if len(rows) > 1 else ""
+    return (f"<h2>Grounding and retention ({html.escape(pareto['split'])})</h2><p>{html.escape(lines[2])}</p>"
+            f"{table}" + ("" if pareto.get("drawn") is False else
+                          f'<img src="{PARETO_PLOT}" alt="grounding-retention plane" style="max-width:60%">'))
+
+
 def render_html(result: dict, predictions: Sequence[dict], metrics: Sequence[str], comparison: dict | None = None,
-                plots: Sequence[str] = PLOTS, overfit: dict | None = None) -> str:
+                plots: Sequence[str] = PLOTS, overfit: dict | None = None, pareto: dict | None = None) -> str:
     s = result["summary"]
     model = s["model"]
     main = _table(["", *(f"{m} [95% CI]" for m in metrics)], metric_rows(s, metrics))
@@ -336,6 +348,7 @@ Eval loss: {format_ci(model.get('eval_loss', float('nan')), (s.get('intervals') 
 difference): a model that does not beat the blind baselines is reading the text, not the video.</p>
 {_comparison_html(comparison)}
 {_forgetting_html(s.get("forgetting"))}
+{_pareto_html(pareto)}
 <h2>Annotation audit</h2><p>{html.escape(audit_line(s.get("annotation_audit")))}</p>
 {_card_html(s.get("harness"))}
 <h2>By moment length</h2>{by_len}<h2>By source</h2>{by_src}
@@ -348,9 +361,10 @@ difference): a model that does not beat the blind baselines is reading the text,
 def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Sequence[dict],
                  thresholds: Sequence[float], samples: int, comparison: dict | None = None,
                  rl_steps: Sequence[dict] = (), rl_warn: tuple[float | None, float | None] = (None, None),
-                 overfit: dict | None = None) -> Path:
+                 overfit: dict | None = None, pareto: dict | None = None) -> Path:
     """report.html plus its PNGs into `out`; returns the HTML path. With `comparison` (SFT vs RL on test) its
-    table; with `rl_steps` (`read_rl_steps`) the RL curves (`RL_PLOT`, thresholds `rl_warn` = (KL, entropy))."""
+    table; with `rl_steps` (`read_rl_steps`) the RL curves (`RL_PLOT`, thresholds `rl_warn` = (KL, entropy)); with
+    `pareto` (`evaluation.pareto.plane`) the grounding-retention plane and its front."""
     from evaluation.metrics import metric_name
 
     out.mkdir(parents=True, exist_ok=True)
@@ -364,6 +378,9 @@ def write_report(out: Path, result: dict, predictions: Sequence[dict], steps: Se
     if rl_steps:
         plot_rl_curves(rl_steps, out / RL_PLOT, *rl_warn)
         plots.append(RL_PLOT)
+    (out / PARETO_PLOT).unlink(missing_ok=True)  # a previous run's plane
+    if pareto and not plot_plane(pareto, out / PARETO_PLOT):
+        pareto = {**pareto, "drawn": False}
     path = out / "report.html"
-    path.write_text(render_html(result, predictions, metrics, comparison, plots, overfit))
+    path.write_text(render_html(result, predictions, metrics, comparison, plots, overfit, pareto))
     return path

@@ -8,7 +8,8 @@ evaluated while training ran cost nothing). The best of all of them by `evaluate
 then the later checkpoint, every RL one counting as later than every SFT one: `registry.order_key`) gets the
 pointer `<evaluate.out_dir>/best.json` and the registry alias, and is evaluated on the held-out test split:
 `metrics.json`, the report, and `summary.md` (test metrics next to the blind baselines, and the val curve per
-checkpoint) in `evaluate.out_dir`.
+checkpoint) in `evaluate.out_dir`. Every checkpoint's grounding and general-task retention on val make a plane:
+its Pareto front goes into metrics.json (`pareto`), summary.md and the report (`evaluation.pareto`).
 
 With RL checkpoints, also on test: the best RL checkpoint on val (even when an SFT one is the overall best) and
 the SFT checkpoint its run started from (meta.json `parent_checkpoint`); their comparison, overall and by query
@@ -26,6 +27,7 @@ from evaluation import store
 from evaluation.api import EvaluationResult, curve_runs, evaluate_checkpoint, public_metrics, write_curve
 from evaluation.compare import compare
 from evaluation.intervals import format_ci
+from evaluation.pareto import plane, plane_lines
 from evaluation.query_types import query_types
 from evaluation.registry import (
     DEFAULT_STAGE,
@@ -112,14 +114,16 @@ def run_stage(cfg: PipelineConfig) -> dict:
     report_dir = stage_outputs("rl", cfg).report_dir  # where `python -m training.rl` wrote them
     rl_steps = read_rl_steps(Path(report_dir) / RL_STEPS_CSV) if cfg.orchestration.rl else []
     overfit = overfit_signal(curve_runs(cfg, best_val), cfg.evaluate.overfit_patience)
-    _write_outputs(cfg, test, best_val, comparison, rl_steps, overfit)
-    summary = summary_markdown(test, val, comparison, overfit)
+    pareto = plane([v.result for v in val], cfg.evaluate.select_metric, cfg.evaluate.forgetting.min_for_selection,
+                   checkpoint_label(best_val), SELECTION_SPLIT)
+    _write_outputs(cfg, test, best_val, comparison, rl_steps, overfit, pareto)
+    summary = summary_markdown(test, val, comparison, overfit, pareto)
     (Path(cfg.evaluate.out_dir) / SUMMARY_FILE).write_text(summary)
     return {"best_checkpoint": selection["best"], "best_step": selection["step"],
             "best_stage": checkpoint_stage(best_val), "best_checkpoint_name": checkpoint_label(best_val),
             "test": test.to_dict(), "val": [v.to_dict() for v in val], "comparison": comparison,
             "summary_markdown": summary, "registered_version": selection.get("registered_version"),
-            "overfit": overfit}
+            "overfit": overfit, "pareto": pareto}
 
 
 def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult | None, problem: str | None,
@@ -143,21 +147,22 @@ def _comparison(cfg: PipelineConfig, rl: EvaluationResult, sft: EvaluationResult
 
 
 def _write_outputs(cfg: PipelineConfig, test: EvaluationResult, best_val: dict, comparison: dict | None,
-                   rl_steps: list[dict], overfit: dict | None = None) -> None:
-    """metrics.json with the comparison, the val curve of the best's run, and the report re-drawn in the stage
-    outputs with the comparison table and the RL curves."""
+                   rl_steps: list[dict], overfit: dict | None = None, pareto: dict | None = None) -> None:
+    """metrics.json with the comparison and the grounding-retention front, the val curve of the best's run, and the
+    report re-drawn in the stage outputs with the comparison table, the RL curves and the plane."""
     ev, out = cfg.evaluate, Path(cfg.evaluate.out_dir)
     with store.locked(ev.store_dir):
         metrics = public_metrics(test.result)
         if comparison is not None:
             metrics["comparison"] = comparison
         metrics["overfit"] = overfit
+        metrics["pareto"] = pareto
         write_json_atomic(out / store.RESULT_FILE, metrics)
         rows = write_curve(cfg, curve_runs(cfg, best_val), best_val["summary"]["baselines"])
         (out / RL_PLOT).unlink(missing_ok=True)  # a previous run's curves
         write_report(out, test.result, store.load_predictions(test.entry_dir), rows, ev.iou_thresholds,
                      ev.report_samples, comparison=comparison, rl_steps=rl_steps,
-                     rl_warn=(cfg.rl.kl_warn, cfg.rl.entropy_warn), overfit=overfit)
+                     rl_warn=(cfg.rl.kl_warn, cfg.rl.entropy_warn), overfit=overfit, pareto=pareto)
 
 
 def comparison_markdown(comparison: dict) -> list[str]:
@@ -176,7 +181,7 @@ def comparison_markdown(comparison: dict) -> list[str]:
 
 
 def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], comparison: dict | None = None,
-                     overfit: dict | None = None) -> str:
+                     overfit: dict | None = None, pareto: dict | None = None) -> str:
     """The evaluation part of the pipeline report: held-out metrics (95% bootstrap intervals) vs blind baselines
     and the visual gain (paired intervals), the SFT-vs-RL comparison (with RL), the harness card, then val per
     checkpoint (SFT, then RL)."""
@@ -203,6 +208,8 @@ def summary_markdown(test: EvaluationResult, val: list[EvaluationResult], compar
         lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     lines += [f"{'**Warning:** ' if 'retention' in n else ''}{n}" for n in notes]
+    if pareto:
+        lines += ["", *plane_lines(pareto)]
     lines += ["", "## Annotation audit", "", audit_line(s.get("annotation_audit"))]
     card = s.get("harness")
     lines += ["", "## Harness card", "", "| harness | |", "| --- | --- |"]

@@ -93,6 +93,31 @@ def test_retention_is_reported_per_task_and_selection_can_require_it(world):
     assert pick_best(results, "eval_loss", min_retention=0.9)["step"] == 0
 
 
+def test_the_evaluate_stage_names_the_front_and_draws_the_plane(world):
+    """The real evaluate stage over the taught base (step 0) and the grounded checkpoint: by eval loss the grounded
+    one grounds better and the base keeps more, so both are on the front; the retention floor chooses the base."""
+    from evaluation.stage import run_stage
+
+    out = world["tmp"] / "stage"
+    cfg = world["cfg"].model_copy(update={
+        "train": world["cfg"].train.model_copy(update={"out_dir": str(world["tmp"] / "checkpoints" / "sft")}),
+        "orchestration": world["cfg"].orchestration.model_copy(update={"rl": False}),
+        "evaluate": world["cfg"].evaluate.model_copy(update={
+            "out_dir": str(out), "select_metric": "eval_loss",
+            "forgetting": world["cfg"].evaluate.forgetting.model_copy(update={"min_for_selection": 0.9})})})
+    digest = run_stage(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    pareto = metrics["pareto"]
+    assert pareto == digest["pareto"] and pareto["split"] == "val" and pareto["x"] == "eval_loss"
+    assert pareto["front"] == ["sft/step-000200", "sft/step-000000"] and pareto["chosen"] == "sft/step-000000"
+    assert digest["best_step"] == 0 and pareto["floor"] == 0.9
+    base = next(p for p in pareto["points"] if p["step"] == 0)
+    assert base["retention"] == pytest.approx(1.0) and base["retention_ci"][0] <= 1.0 <= base["retention_ci"][1]
+    html = (out / "report.html").read_text()
+    assert "Grounding and retention (val)" in html and 'src="pareto.png"' in html and (out / "pareto.png").is_file()
+    assert "sft/step-000000 (chosen)" in (out / "summary.md").read_text()
+
+
 def test_bad_suite_lines_are_errors_that_name_the_line(tmp_path):
     path = tmp_path / "suite.jsonl"
     good = {"id": "a", "task": "t", "image": "x.png", "question": "q?", "answer": "yes", "choices": ["yes", "no"]}
