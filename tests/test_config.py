@@ -120,6 +120,44 @@ def test_dry_run_prints_resolved_config_and_bad_key_is_one_line(params: Path):
     assert "train.nope: unknown key" in bad.stderr
 
 
+@pytest.mark.parametrize("name", ["strategy", "precision", "deterministic", "offload_optimizer", "offload_param"])
+def test_an_engine_key_under_train_says_where_it_moved(params: Path, name: str):
+    """The shared engine settings moved from `train` to `engine` (issue 36): an old key, from a file or the command
+    line, is a one-line error naming the new key, not a bare "unknown key"."""
+    write(params.parent / "experiments" / "old.yaml", f"train:\n  {name}: true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(params, "old")
+    old = params.parent / "experiments" / "old.yaml"
+    assert e.value.args[0].splitlines()[1:] == [f"  {old}: train.{name} moved to engine.{name}"]
+    with pytest.raises(ConfigError, match=rf"<command line>: train.{name} moved to engine.{name}$"):
+        load_config(params, None, [f"train.{name}=true"])
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["engine.offload_param=true"], r"engine.offload_param=true needs train.zero_stage 3 \(got train.zero_stage=2\)"),
+        (["engine.offload_param=true", "train.zero_stage=3"],
+         r"engine.offload_param=true needs rl.zero_stage 3 \(got rl.zero_stage=2; RL trains on the same engine"),
+        (["engine.offload_optimizer=true", "train.zero_stage=0"],
+         r"engine.offload_optimizer=true needs train.zero_stage >= 1"),
+        (["engine.offload_optimizer=true", "rl.zero_stage=0"], r"engine.offload_optimizer=true needs rl.zero_stage >= 1"),
+        (["train.model.attn_implementation=flash_attention_2"],
+         r"flash_attention_2 needs engine.precision bf16 or fp16 \(got engine.precision=fp32"),
+    ],
+)
+def test_the_engine_is_checked_against_each_stage_that_trains_on_it(params: Path, overrides: list, needle: str):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(params, None, overrides)
+
+
+def test_rl_off_frees_the_engine_from_rl_zero_stage(params: Path):
+    cfg = load_config(params, None, ["engine.offload_param=true", "train.zero_stage=3", "orchestration.rl=false"])
+    assert cfg.engine.offload_param and cfg.rl.zero_stage == 2
+    assert load_config(params, None, ["engine.offload_param=true", "train.zero_stage=3", "rl.zero_stage=3"])
+    assert load_config(params, None, ["train.model.attn_implementation=flash_attention_2", "engine.precision=bf16"])
+
+
 def _leaf_values(section, prefix: str = "") -> dict:
     """Dotted key -> JSON value of every leaf field (nested sections walked; dict-valued fields are leaves)."""
     from pydantic import BaseModel
@@ -220,6 +258,7 @@ NOT_OUTPUT_FIELDS = {
               "peak_tflops"},
     "evaluate": {"out_dir", "store_dir", "select_dir", "device", "reuse", "batch_size", "split", "registry_alias",
                  "overfit_patience"},
+    "engine": set(),
     "tracking": set(),
     "orchestration": {"network_timeout_s", "state_dir", "report_path"},
 }

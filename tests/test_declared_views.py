@@ -29,8 +29,8 @@ READ_UNDECLARED_BEFORE = {
     "train": ["evaluate.forgetting.num_frames", "evaluate.forgetting.frame_size", "ingest.max_query_tokens",
               "preprocess.num_frames", "preprocess.frame_fps", "preprocess.frame_mode", "preprocess.max_window_s",
               "preprocess.frame_size"],
-    "rl": ["evaluate.max_new_tokens", "train.strategy", "train.precision", "train.deterministic",
-           "train.offload_optimizer", "train.offload_param", "train.shards_dir", "train.data.split"],
+    "rl": ["evaluate.max_new_tokens", "engine.strategy", "engine.precision", "engine.deterministic",
+           "engine.offload_optimizer", "engine.offload_param", "train.shards_dir", "train.data.split"],
     "evaluate": ["ingest.sources"],
 }
 """What each stage read outside its declared params before issue 36, and now declares."""
@@ -39,13 +39,13 @@ CHANGED = {"train.teach.steps": 7, "evaluate.forgetting.num_frames": 4, "evaluat
            "ingest.sources": [{"id": "other", "licence": "CC0-1.0", "origin": "a test", "roots": ["elsewhere"]}],
            "ingest.max_query_tokens": 33, "preprocess.num_frames": 4, "preprocess.frame_fps": 3.0,
            "preprocess.frame_mode": "family", "preprocess.max_window_s": 9.0, "preprocess.frame_size": 48,
-           "evaluate.max_new_tokens": 9, "train.strategy": "fsdp", "train.precision": "bf16",
-           "train.deterministic": True, "train.offload_optimizer": True, "train.offload_param": True,
+           "evaluate.max_new_tokens": 9, "engine.strategy": "fsdp", "engine.precision": "bf16",
+           "engine.deterministic": True, "engine.offload_optimizer": True, "engine.offload_param": True,
            "train.shards_dir": "data/other", "train.data.split": "val", "evaluate.select_metric": "miou"}
 
 
-ALSO = {"train.offload_param": ["train.zero_stage=3"]}
-"""Overrides a change needs to validate (parameter offload is ZeRO-3's)."""
+ALSO = {"engine.offload_param": ["train.zero_stage=3", "rl.zero_stage=3"]}
+"""Overrides a change needs to validate (parameter offload is ZeRO-3's, for SFT and RL alike)."""
 
 
 def _get(cfg, dotted: str):
@@ -91,7 +91,7 @@ def test_every_stage_reads_its_declared_params_and_only_those(name: str):
     assert declared == st.params
     for dotted in st.params:
         assert _get(view, dotted) == _get(cfg, dotted)
-    untouched = [s for s in ("corpus", "ingest", "annotate", "preprocess", "train", "rl", "evaluate")
+    untouched = [s for s in ("corpus", "ingest", "annotate", "preprocess", "engine", "train", "rl", "evaluate")
                  if not any(p == s or p.startswith(s + ".") for p in st.params)]
     for section in untouched:
         output_fields = [f for f, info in type(getattr(cfg, section)).model_fields.items()
@@ -139,3 +139,22 @@ def test_every_stage_cli_runs_under_its_view():
                            timeout=120, check=False)
         assert r.returncode == 0, (name, r.stderr[-2000:])
         assert f"# the {name} stage reads only: {', '.join(st.params)} (dvc.yaml)" in r.stdout, (name, r.stdout[-500:])
+
+
+def test_the_engine_section_reruns_and_rekeys_both_training_stages():
+    """`engine` (strategy, precision, determinism, offload) is what SFT and RL share: both declare it, so a change
+    reruns both through both doors, and both run keys cover it (a checkpoint of another engine is not resumed);
+    a run-length change still resumes."""
+    from training.rl.grpo import rl_hash
+    from training.sft import train_hash
+
+    before = load_config(REPO / "params.yaml")
+    after = load_config(REPO / "params.yaml", None, ["engine.precision=bf16"])
+    for name in ("train", "rl"):
+        st = stages.stage(name, REPO)
+        assert "engine" in st.params
+        assert stages._current_views(before, st.params) != stages._current_views(after, st.params), name
+        assert stages.stage_view(name, after, REPO)[0].engine.precision == "bf16"
+    assert train_hash(before) != train_hash(after) and rl_hash(before, "p") != rl_hash(after, "p")
+    longer = load_config(REPO / "params.yaml", None, ["train.max_steps=7", "rl.max_steps=7"])
+    assert train_hash(before) == train_hash(longer) and rl_hash(before, "p") == rl_hash(longer, "p")

@@ -98,7 +98,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def set_determinism(enabled: bool) -> None:
-    """`train.deterministic`, on every rank before the model is built: cuBLAS gets a fixed workspace (read when
+    """`engine.deterministic`, on every rank before the model is built: cuBLAS gets a fixed workspace (read when
     its handle is created, so before the first matmul), torch picks deterministic kernels (an op without one
     warns instead of failing), cuDNN deterministic and no benchmark autotuning. Off resets torch's switch (a
     previous in-process run may have set it); an explicit CUBLAS_WORKSPACE_CONFIG is kept."""

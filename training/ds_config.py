@@ -1,4 +1,5 @@
-"""The DeepSpeed config, generated from `train` params (never written by hand, so it cannot drift)."""
+"""The DeepSpeed config, generated from a stage's `EngineSettings` (`train` or `rl`, over the shared `engine`
+section; never written by hand, so it cannot drift)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def zero_section(tcfg, gpu: bool) -> dict:
 
 
 def build_ds_config(tcfg, world_size: int, gpu: bool | None = None) -> dict:
-    """Batch, accumulation, clipping, precision, ZeRO stage and offload from the `train` section; `gpu` (default:
+    """Batch, accumulation, clipping, precision, ZeRO stage and offload from `EngineSettings`; `gpu` (default:
     whether CUDA is available) picks the GPU or the CPU (gloo) communication settings."""
     gpu = torch.cuda.is_available() if gpu is None else gpu
     return {

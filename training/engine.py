@@ -3,7 +3,7 @@
 The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss), step() -> True
 on an optimizer step, grad_norm(), lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0)
 for the HF export. Both are built from `EngineSettings`: SFT's from the `train` section, RL's from the `rl` section
-(a constant lr, its own clip and ZeRO stage) over the same precision and strategy.
+(a constant lr, its own clip and ZeRO stage), both over the shared `engine` section (strategy, precision, offload).
 """
 
 from __future__ import annotations
@@ -45,23 +45,26 @@ class EngineSettings:
     strategy: str
 
     @classmethod
-    def for_sft(cls, tcfg) -> EngineSettings:
-        """The `train` section as it is: warmup + cosine over `train.max_steps`."""
+    def for_sft(cls, cfg) -> EngineSettings:
+        """The `train` section as it is (warmup + cosine over `train.max_steps`, `train.zero_stage`) over the
+        `engine` section."""
+        tcfg, e = cfg.train, cfg.engine
         return cls(lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay, grad_clip=tcfg.grad_clip,
                    warmup_ratio=tcfg.warmup_ratio, min_lr_ratio=tcfg.min_lr_ratio, max_steps=tcfg.max_steps,
                    micro_batch_size=tcfg.micro_batch_size, grad_accum=tcfg.grad_accum, zero_stage=tcfg.zero_stage,
-                   offload_optimizer=tcfg.offload_optimizer, offload_param=tcfg.offload_param,
-                   precision=tcfg.precision, strategy=tcfg.strategy)
+                   offload_optimizer=e.offload_optimizer, offload_param=e.offload_param,
+                   precision=e.precision, strategy=e.strategy)
 
     @classmethod
     def for_rl(cls, cfg, micro_steps: int) -> EngineSettings:
-        """RL's optimizer over SFT's precision, strategy and offload: constant `rl.lr` (no warmup, no decay), RL's
-        clip and ZeRO stage, no weight decay; gradients accumulate over the rollout's `micro_steps` micro-batches."""
-        r, t = cfg.rl, cfg.train
+        """RL's optimizer over the shared `engine` (precision, strategy and offload): constant `rl.lr` (no warmup,
+        no decay), RL's clip and ZeRO stage, no weight decay; gradients accumulate over the rollout's `micro_steps`
+        micro-batches."""
+        r, e = cfg.rl, cfg.engine
         return cls(lr=r.lr, betas=tuple(r.betas), weight_decay=0.0, grad_clip=r.grad_clip, warmup_ratio=0.0,
                    min_lr_ratio=1.0, max_steps=r.max_steps * r.updates_per_rollout, micro_batch_size=r.micro_batch_size,
-                   grad_accum=micro_steps, zero_stage=r.zero_stage, offload_optimizer=t.offload_optimizer,
-                   offload_param=t.offload_param, precision=t.precision, strategy=t.strategy)
+                   grad_accum=micro_steps, zero_stage=r.zero_stage, offload_optimizer=e.offload_optimizer,
+                   offload_param=e.offload_param, precision=e.precision, strategy=e.strategy)
 
 
 class DeepSpeedEngine:

@@ -9,7 +9,7 @@ under 8 minutes per rung on one H200):
    shape-true model (`shape-true:Qwen/Qwen2.5-VL-3B-Instruct`, `shape-true:Qwen/Qwen3-VL-2B-Instruct`: random
    init at the real widths, the real tokenizer; full depth by default) in bf16, sdpa
    or flash-attn when installed, gradient checkpointing, LoRA on the recipe's modules, ZeRO-2, the recipe's
-   micro-batch and accumulation, `train.deterministic=true`, for `--steps` optimizer steps;
+   micro-batch and accumulation, `engine.deterministic=true`, for `--steps` optimizer steps;
 4. a resume: the checkpoint at half the steps, copied alone into a fresh root, trained to the end again; the
    per-step losses after the resume point must be bit-equal to the first run's;
 5. one checkpoint evaluation (`python -m evaluation --checkpoint ... --split val`, greedy generation);
@@ -53,7 +53,7 @@ def _overrides(a: argparse.Namespace, work: Path, depth: str) -> list[str]:
     cpu = a.cpu_dry_run
     ov = [f"train.model.base={a.base}?{depth}", f"train.shards_dir={work / 'shards'}", f"train.out_dir={work / 'ck'}",
           f"train.max_steps={a.steps}", f"train.save_every={a.steps // 2}", "train.keep_last=10",
-          "train.model.gradient_checkpointing=true", "train.deterministic=true", "train.num_gpus=1",
+          "train.model.gradient_checkpointing=true", "engine.deterministic=true", "train.num_gpus=1",
           "train.progress=false", "train.log_every=5", "tracking.enabled=false",
           f"train.data.num_workers={0 if cpu else 2}", "train.data.sanity_examples=4",
           f"preprocess.num_frames={a.frames}", f"preprocess.frame_size={a.frame_size}",
@@ -62,7 +62,7 @@ def _overrides(a: argparse.Namespace, work: Path, depth: str) -> list[str]:
           f"evaluate.store_dir={work / 'eval_runs'}", f"evaluate.max_examples={a.eval_examples}",
           "evaluate.baselines=[prior]", f"evaluate.device={'cpu' if cpu else 'cuda:0'}"]
     if cpu:
-        ov += ["train.precision=fp32", "train.grad_accum=2", "train.micro_batch_size=1"]
+        ov += ["engine.precision=fp32", "train.grad_accum=2", "train.micro_batch_size=1"]
     return ov
 
 

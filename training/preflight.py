@@ -294,7 +294,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
     """Tokens and per-GPU memory of the experiment's longest example, and the verdict (see the module doc).
     `query_tokens`: the longest query, by default `ingest.max_query_tokens` (what ingest lets in)."""
     query_tokens = cfg.ingest.max_query_tokens if query_tokens is None else query_tokens
-    t, p = cfg.train, cfg.preprocess
+    t, e, p = cfg.train, cfg.engine, cfg.preprocess
     arch, source, tokenizer, note, system = _model(t.model.base)
     vision = processor_facts(t.model.base, arch)
 
@@ -311,23 +311,23 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
     total, largest = arch.param_count()
     trainable = trainable_params(arch, t.model.finetune, t.model.lora_r, t.model.freeze_vision)
     setup = Setup(params=total, largest_layer=largest, gpus_per_node=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb,
-                  precision=t.precision, trainable_frac=trainable / total)
+                  precision=e.precision, trainable_frac=trainable / total)
     patches = tokens.grid[0] * tokens.grid[1] * tokens.grid[2]
-    fsdp = t.strategy == "fsdp"
+    fsdp = e.strategy == "fsdp"
 
     def option(gc: bool, stage: int, off_opt: bool, off_param: bool, m: int) -> MemoryOption:
         states = plan(setup, stage, off_opt, off_param)
         acts = activation_bytes(arch, seq, m, vision_patches=patches, vision_span=tokens.grid[1] * tokens.grid[2],
-                                checkpointing=gc, precision=t.precision, train_vision=not t.model.freeze_vision,
+                                checkpointing=gc, precision=e.precision, train_vision=not t.model.freeze_vision,
                                 eager=t.model.attn_implementation == "eager")
         return MemoryOption(gc, stage, off_opt, off_param, m, states.model_states_b, acts, RESERVE_GB * GB)
 
-    current = (3, False, False) if fsdp else (t.zero_stage, t.offload_optimizer, t.offload_param)
+    current = (3, False, False) if fsdp else (t.zero_stage, e.offload_optimizer, e.offload_param)
     gc = t.model.gradient_checkpointing
     configured = option(gc, *current, micro)
     report = Report(
         base=t.model.base, arch_source=source, tokenizer_note=note, finetune=t.model.finetune,
-        precision=t.precision, strategy=t.strategy, gpus=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb, params=total,
+        precision=e.precision, strategy=e.strategy, gpus=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb, params=total,
         trainable=trainable, tokens=tokens, max_seq_len=t.data.max_seq_len, micro_batch=micro,
         token_budget=t.data.token_budget, packing=t.data.packing,
         configured=configured, without_checkpointing=option(False, *current, micro),
@@ -426,9 +426,9 @@ def _memory_fix(option, gc: bool, current: tuple[int, bool, bool], micro: int, a
     if stage != stage0:
         overrides.append(f"train.zero_stage={stage}")
     if off_opt != off_opt0:
-        overrides.append("train.offload_optimizer=true")
+        overrides.append("engine.offload_optimizer=true")
     if off_param != off_param0:
-        overrides.append("train.offload_param=true")
+        overrides.append("engine.offload_param=true")
     if m != micro:
         overrides += [f"train.micro_batch_size={m}", f"train.grad_accum={per_rank // m}"]
         if budget_seq:

@@ -88,10 +88,10 @@ TRAIN_KEY = "train_hash"
 """meta.json key of the SFT run key (`train_hash`): resuming needs a match."""
 
 
-def train_hash(tcfg) -> str:
-    """Hash of what determines the trajectory (run length, logging, hooks and paths excluded: the fields marked
-    `RUN_LENGTH` or `NOT_OUTPUT`): resuming needs a match."""
-    return view_hash(trajectory_view(tcfg))
+def train_hash(cfg: PipelineConfig) -> str:
+    """Hash of what determines the trajectory: the `train` and `engine` sections (run length, logging, hooks and
+    paths excluded: the fields marked `RUN_LENGTH` or `NOT_OUTPUT`). Resuming needs a match."""
+    return view_hash({"train": trajectory_view(cfg.train), "engine": trajectory_view(cfg.engine)})
 
 
 def build_model(cfg: PipelineConfig, device: torch.device):
@@ -101,7 +101,7 @@ def build_model(cfg: PipelineConfig, device: torch.device):
     tcfg = cfg.train
     base = teach_if_tiny(cfg, tcfg.model.base, resolve_base(tcfg.model.base))
     try:
-        model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(tcfg.precision),
+        model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(cfg.engine.precision),
                                                     attn_implementation=tcfg.model.attn_implementation,
                                                     trainable=True, finetune=tcfg.model)
     except VTGError as e:
@@ -128,7 +128,7 @@ class SFTModule(TrainModule):
     def setup(self, trainer: Trainer) -> None:
         self.trainer, self.dist = trainer, trainer.dist
         seed_everything(self.tcfg.seed)
-        set_determinism(self.tcfg.deterministic)
+        set_determinism(self.cfg.engine.deterministic)
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
         check_mix_suites(self.tcfg.data.mix)
         self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
@@ -147,12 +147,12 @@ class SFTModule(TrainModule):
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
                                    self.dist.is_main)
         self.sanity_checks()
-        self.engine = build_engine(self.model, EngineSettings.for_sft(self.tcfg), self.dist.world_size)
+        self.engine = build_engine(self.model, EngineSettings.for_sft(self.cfg), self.dist.world_size)
         self.guard = StabilityGuard.from_config(self.tcfg.guards)
         self.state = RunState()
 
     def run_key(self) -> str:
-        return train_hash(self.tcfg)
+        return train_hash(self.cfg)
 
     def state_dict(self) -> dict:
         return {"run": self.state.__dict__, "guard": self.guard.state_dict()}
@@ -232,13 +232,13 @@ class SFTModule(TrainModule):
         self.last_loss, self.step_lr = float("nan"), float("nan")
         completed = st.step >= stop_at
         self.early = None
-        recorded = early_stop.stopped_at(self.cfg, train_hash(t)) if t.early_stop and st.step else None
+        recorded = early_stop.stopped_at(self.cfg, train_hash(self.cfg)) if t.early_stop and st.step else None
         if recorded is not None and recorded["step"] <= st.step:
             log.info("this run ended early at step %d (%s): nothing to train", recorded["step"],
                      early_stop.marker_path(self.cfg))
             self.early, completed = recorded, True
         self.stopper = (early_stop.EarlyStop(self.cfg, self.evaluator or early_stop.val_loss_evaluator(
-            self.cfg, str(self.dist.device)), train_hash(t), st.step)
+            self.cfg, str(self.dist.device)), train_hash(self.cfg), st.step)
             if t.early_stop and self.dist.is_main and not completed else None)
         self.loader = iter(self._loader()) if not completed else None
         return completed
@@ -246,7 +246,7 @@ class SFTModule(TrainModule):
     def train_step(self) -> None:
         """Micro-batches until the engine takes one optimizer step (skipped and empty batches do not count)."""
         st, dev, window = self.state, self.dist.device, self.window
-        dtype = half_dtype(self.tcfg.precision)
+        dtype = half_dtype(self.cfg.engine.precision)
         while True:
             t0 = time.perf_counter()
             try:
@@ -312,10 +312,10 @@ class SFTModule(TrainModule):
         if stopper is not None and saved is not None:
             signal = stopper.check(saved)
             if signal is not None:
-                early_stop.record(self.cfg, signal, train_hash(self.tcfg))
+                early_stop.record(self.cfg, signal, train_hash(self.cfg))
         if not all_reduce_max(float(signal is not None), self.dist.device):
             return None
-        return signal or early_stop.stopped_at(self.cfg, train_hash(self.tcfg)) or {"step": self.state.step}
+        return signal or early_stop.stopped_at(self.cfg, train_hash(self.cfg)) or {"step": self.state.step}
 
     def step_metrics(self) -> dict[str, float]:
         """Rates and system metrics over the steps since the last log, reduced over ranks (training/metrics.py;

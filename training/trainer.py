@@ -98,7 +98,7 @@ class Trainer:
     def __init__(self, cfg: PipelineConfig, module: TrainModule, callbacks: list[Callback] | None = None):
         self.cfg, self.module = cfg, module
         self.run_cfg = getattr(cfg, module.section)
-        self.dist = init_distributed(cfg.train.strategy)
+        self.dist = init_distributed(cfg.engine.strategy)
         self.run = RunLifecycle(cfg, module.section, module.key_name, self.dist)  # the lock first
         self.run.guarded(self._setup, callbacks)
 
@@ -138,7 +138,7 @@ class Trainer:
         m = self.module
         meta = {"data_version": m.data_version, "data_sources": m.data_sources, "git_commit": self.git_commit,
                 "config_hash": config_hash(self.cfg), m.key_name: m.run_key(),
-                "deterministic": self.cfg.train.deterministic, "mlflow_run_id": None,
+                "deterministic": self.cfg.engine.deterministic, "mlflow_run_id": None,
                 **m.checkpoint_meta(), **self.callbacks.checkpoint_meta()}
         state = {**m.state_dict(), "num_workers": m.num_workers}
         final = self.run.save(m.state.step, m.engine, m.tokenizer, state, meta)

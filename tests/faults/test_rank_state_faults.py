@@ -69,12 +69,12 @@ def test_explicit_resume_that_does_not_verify_is_one_clear_line(tmp_path):
     weights.write_bytes(b"x" * 64)  # same size, other bytes
     cfg = load_config(REPO / "params.yaml", None, [f"train.out_dir={tmp_path / 'ck'}", f"train.resume={step}"])
     with pytest.raises(VTGError) as e:
-        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg.train), "d")
+        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg), "d")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"train.resume={step}") and "hf/model.safetensors" in msg
     (step / ckpt.META_FILE).unlink()
     with pytest.raises(VTGError, match="no meta.json"):
-        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg.train), "d")
+        resume_source(cfg, "train", TRAIN_KEY, train_hash(cfg), "d")
 
 
 def test_older_pickled_rank_file_still_loads_with_weights_only(tmp_path):

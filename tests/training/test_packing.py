@@ -159,7 +159,7 @@ def varied(tmp_path_factory):
 
 
 def test_the_loop_trains_the_same_steps_packed_as_padded(varied, tmp_path):
-    common = ("train.max_steps=4", "train.save_every=4", "train.data.num_workers=0", "train.deterministic=true")
+    common = ("train.max_steps=4", "train.save_every=4", "train.data.num_workers=0", "engine.deterministic=true")
     padded = train(train_config(varied, tmp_path / "pad", *common))
     packed = train(train_config(varied, tmp_path / "pack", *common, "train.data.packing=true",
                                 "train.data.token_budget=4096", "train.data.pack_length=2048"))

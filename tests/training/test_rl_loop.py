@@ -257,7 +257,7 @@ def test_rl_under_fsdp2_is_refused_before_it_loads_anything(tmp_path):
     convolution on the first rollout): the stage says so at once, naming what to use."""
     from training.rl.grpo import run_rl
 
-    cfg = _cfg(tmp_path, tmp_path / "shards", tmp_path / "sft", "train.strategy=fsdp")
-    with pytest.raises(VTGError, match=r"FSDP2 cannot run the RL stage yet .* train.strategy=deepspeed"):
+    cfg = _cfg(tmp_path, tmp_path / "shards", tmp_path / "sft", "engine.strategy=fsdp")
+    with pytest.raises(VTGError, match=r"FSDP2 cannot run the RL stage yet .* engine.strategy=deepspeed"):
         run_rl(cfg)
     assert not list((tmp_path / "rl").glob("step-*"))

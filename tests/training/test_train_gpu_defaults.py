@@ -1,5 +1,5 @@
 """GPU-correct defaults, checked on the CPU: flash-attn only with bf16/fp16, ZeRO communication settings for GPUs vs
-gloo, DeepSpeed's CPU Adam under optimizer offload, the `train.deterministic` switch, and the bf16 +
+gloo, DeepSpeed's CPU Adam under optimizer offload, the `engine.deterministic` switch, and the bf16 +
 gradient-checkpointing path of the real loop on the tiny model."""
 
 import logging
@@ -12,6 +12,7 @@ from support.train_fixtures import Recorder, train_config
 
 from training.dist import CUBLAS_WORKSPACE, set_determinism
 from training.ds_config import build_ds_config
+from training.engine import EngineSettings
 from training.optim import build_optimizer
 from vtg.checkpoints import read_checkpoint_meta
 from vtg.errors import VTGError
@@ -40,14 +41,15 @@ def test_explicit_flash_attn_with_fp32_is_an_error(fake_gpu_with_flash_attn, tmp
     with pytest.raises(VTGError, match="needs bf16 or fp16"):
         choose_attn_implementation("flash_attention_2", "cuda", torch.float32)
     assert choose_attn_implementation("flash_attention_2", "cuda", torch.bfloat16) == "flash_attention_2"
-    with pytest.raises(Exception, match="flash_attention_2 needs precision bf16 or fp16"):
+    with pytest.raises(Exception, match="flash_attention_2 needs engine.precision bf16 or fp16"):
         train_config(tmp_path, tmp_path / "ck", "train.model.attn_implementation=flash_attention_2")
     train_config(tmp_path, tmp_path / "ck", "train.model.attn_implementation=flash_attention_2",
-                 "train.precision=bf16")
+                 "engine.precision=bf16")
 
 
 def _tcfg(tmp_path, *overrides):
-    return train_config(tmp_path, tmp_path / "ck", *overrides).train
+    """SFT's engine settings (`train` over `engine`), what the DeepSpeed config and the optimizer are built from."""
+    return EngineSettings.for_sft(train_config(tmp_path, tmp_path / "ck", *overrides))
 
 
 def test_ds_config_overlaps_communication_on_gpus_only(tmp_path):
@@ -62,14 +64,14 @@ def test_ds_config_overlaps_communication_on_gpus_only(tmp_path):
                                         "reduce_bucket_size": 5e7}
     assert {k: v for k, v in gpu.items() if k != "zero_optimization" and k != "train_batch_size"} == \
         {k: v for k, v in cpu.items() if k != "zero_optimization" and k != "train_batch_size"}
-    z3 = build_ds_config(_tcfg(tmp_path, "train.zero_stage=3", "train.offload_optimizer=true",
-                               "train.offload_param=true"), 8, gpu=True)
+    z3 = build_ds_config(_tcfg(tmp_path, "train.zero_stage=3", "engine.offload_optimizer=true",
+                               "engine.offload_param=true", "rl.zero_stage=3"), 8, gpu=True)
     zero = z3["zero_optimization"]
     assert zero["overlap_comm"] is True and "allgather_bucket_size" not in zero  # a ZeRO-1/2 setting
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
     assert z3["zero_force_ds_cpu_optimizer"] is True
-    z3_cpu = build_ds_config(_tcfg(tmp_path, "train.zero_stage=3", "train.offload_optimizer=true"), 2, gpu=False)
+    z3_cpu = build_ds_config(_tcfg(tmp_path, "train.zero_stage=3", "engine.offload_optimizer=true"), 2, gpu=False)
     assert z3_cpu["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
     assert build_ds_config(_tcfg(tmp_path, "train.zero_stage=0"), 1, gpu=True)["zero_optimization"] == {"stage": 0}
     assert build_ds_config(tcfg, 1) == build_ds_config(tcfg, 1, gpu=torch.cuda.is_available())
@@ -78,7 +80,7 @@ def test_ds_config_overlaps_communication_on_gpus_only(tmp_path):
 def test_torch_adamw_without_deepspeed_offload(tmp_path):
     model = torch.nn.Linear(4, 4)
     assert type(build_optimizer(model, _tcfg(tmp_path))) is torch.optim.AdamW
-    fsdp = _tcfg(tmp_path, "train.strategy=fsdp", "train.offload_optimizer=true")  # FSDP ignores offload
+    fsdp = _tcfg(tmp_path, "engine.strategy=fsdp", "engine.offload_optimizer=true")  # FSDP ignores offload
     assert type(build_optimizer(model, fsdp)) is torch.optim.AdamW
 
 
@@ -89,7 +91,7 @@ def test_optimizer_offload_trains_with_deepspeed_cpu_adam(shards_dir, tmp_path):
     from training.sft import SFTModule
     from training.trainer import Trainer
 
-    cfg = train_config(shards_dir, tmp_path / "ck", "train.offload_optimizer=true", "train.max_steps=3",
+    cfg = train_config(shards_dir, tmp_path / "ck", "engine.offload_optimizer=true", "train.max_steps=3",
                        "train.save_every=3", "train.micro_batch_size=2")
     trainer = Trainer(cfg, SFTModule(cfg), callbacks=[])
     assert isinstance(trainer.module.engine.engine.client_optimizer, DeepSpeedCPUAdam)
@@ -114,7 +116,7 @@ def test_deterministic_switch_before_the_model_and_in_meta(shards_dir, tmp_path,
 
     monkeypatch.setattr(sft, "build_model", spy)
     try:
-        summary = sft.train(train_config(shards_dir, tmp_path / "ck", "train.deterministic=true",
+        summary = sft.train(train_config(shards_dir, tmp_path / "ck", "engine.deterministic=true",
                                           "train.max_steps=2", "train.micro_batch_size=2"))
         assert all(np.isfinite(summary["losses"]))
         assert seen == {"deterministic": True, "warn_only": True, "cublas": CUBLAS_WORKSPACE, "cudnn": True,
@@ -130,7 +132,7 @@ def test_bf16_with_gradient_checkpointing_trains_on_cpu(shards_dir, tmp_path):
     from training.sft import SFTModule
     from training.trainer import Trainer
 
-    cfg = train_config(shards_dir, tmp_path / "ck", "train.precision=bf16", "train.model.gradient_checkpointing=true",
+    cfg = train_config(shards_dir, tmp_path / "ck", "engine.precision=bf16", "train.model.gradient_checkpointing=true",
                        "train.max_steps=2", "train.save_every=2", "train.micro_batch_size=2")
     rec = Recorder()
     trainer = Trainer(cfg, SFTModule(cfg), callbacks=[rec])

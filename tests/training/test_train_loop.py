@@ -82,7 +82,7 @@ def test_lora_vs_full_trainable_parameters(shards_dir, tmp_path):
 
 
 def test_fsdp2_strategy_trains_and_resumes(shards_dir, tmp_path):
-    common = ("train.strategy=fsdp", "train.max_steps=4", "train.save_every=2")
+    common = ("engine.strategy=fsdp", "train.max_steps=4", "train.save_every=2")
     straight = train(train_config(shards_dir, tmp_path / "a", *common))["losses"]
     train(train_config(shards_dir, tmp_path / "b", *common), stop_after=2)
     resumed = train(train_config(shards_dir, tmp_path / "b", *common))["losses"]

@@ -91,7 +91,7 @@ def test_absurd_memory_fails_with_a_fix_that_fits():
     assert not report.ok and report.tokens.total <= report.max_seq_len
     assert "train.gpu_mem_gb=24" in report.message() and report.fix
     assert all(f in report.message() for f in report.fix)
-    assert any(f.startswith("train.offload_optimizer=") for f in report.fix)  # 8.3B params cannot sit on one GPU
+    assert any(f.startswith("engine.offload_optimizer=") for f in report.fix)  # 8.3B params cannot sit on one GPU
     fixed = preflight(_cfg("qwen25vl_7b_zero2_8gpu", *bad, *report.fix))
     assert fixed.ok, fixed.message()
 

@@ -77,7 +77,7 @@ def rl_step_overrides(root: Path) -> list[str]:
 
 def cpu_overrides(hub_id: str, root: Path, shards: Path, *extra: str) -> list[str]:
     """The only departures from the shipped recipe (see the module docstring)."""
-    return [f"train.model.base=shape-true:{hub_id}?vocab={VOCAB}", "train.precision=fp32", "train.num_gpus=2",
+    return [f"train.model.base=shape-true:{hub_id}?vocab={VOCAB}", "engine.precision=fp32", "train.num_gpus=2",
             f"preprocess.num_frames={FRAMES}", f"preprocess.frame_size={SIZE}", "train.max_steps=2",
             "train.save_every=1", f"train.shards_dir={shards}", f"train.out_dir={root / 'ck'}",
             "tracking.enabled=false", "train.data.num_workers=0", "train.progress=false", "train.log_every=1",

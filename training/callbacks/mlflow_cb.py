@@ -23,8 +23,10 @@ REWARD_KEY = "rl/reward_mean"
 """The same for RL."""
 
 
-def _params(section, prefix: str) -> dict[str, str]:
-    return {k: str(v)[:500] for k, v in flatten(section.model_dump(mode="json"), prefix).items()}
+def _params(sections: dict) -> dict[str, str]:
+    """Every field of each config section, flattened under the section's name (`train.lr`, `engine.precision`)."""
+    return {k: str(v)[:500] for name, section in sections.items()
+            for k, v in flatten(section.model_dump(mode="json"), name).items()}
 
 
 class StageMLflow(Callback):
@@ -116,13 +118,13 @@ class StageMLflow(Callback):
 
 
 class MLflowCallback(StageMLflow):
-    """SFT: params `train.*` and the batch layout; summary metrics `summary/*` at the end."""
+    """SFT: params `train.*`, `engine.*` and the batch layout; summary metrics `summary/*` at the end."""
 
     def run_name(self, info: dict) -> str:
         return f"train-{info['finetune']}"
 
     def params(self, info: dict) -> dict:
-        return {**_params(self.cfg.train, "train"), "effective_batch": info["effective_batch"],
+        return {**_params({"train": self.cfg.train, "engine": self.cfg.engine}), "effective_batch": info["effective_batch"],
                 "world_size": info["world_size"], "trainable_params": info["trainable_params"]}
 
     def step_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -134,7 +136,7 @@ class MLflowCallback(StageMLflow):
 
 
 class RLMLflow(StageMLflow):
-    """GRPO: tagged with the SFT checkpoint it started from; params `rl.*` and the difficulty filter's counts;
+    """GRPO: tagged with the SFT checkpoint it started from; params `rl.*`, `engine.*` and the difficulty filter's counts;
     first/last-10-step means at the end."""
 
     stage = "rl"
@@ -148,7 +150,8 @@ class RLMLflow(StageMLflow):
 
     def params(self, info: dict) -> dict:
         d = info.get("difficulty") or {}
-        return {**_params(self.cfg.rl, "rl"), "pool_queries": info["pool"], **{f"difficulty.{k}": v for k, v in d.items()}}
+        return {**_params({"rl": self.cfg.rl, "engine": self.cfg.engine}), "pool_queries": info["pool"],
+                **{f"difficulty.{k}": v for k, v in d.items()}}
 
     def step_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}

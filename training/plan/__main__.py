@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, help="GPUs per node (default: train.num_gpus)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
     parser.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU (default: train.gpu_mem_gb)")
-    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default: train.precision")
+    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default: engine.precision")
     parser.add_argument("--trainable-frac", type=float,
                         help="fraction of parameters trained (default: counted from the architecture and "
                              "train.model.finetune; without one, 1, or 0.01 for finetune=lora)")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         frac = 0.01 if tcfg.model.finetune == "lora" else 1.0
     setup = Setup(params=total, largest_layer=largest, gpus_per_node=args.gpus or tcfg.num_gpus, nodes=args.nodes,
-                  gpu_mem_gb=args.gpu_mem or tcfg.gpu_mem_gb, precision=args.precision or tcfg.precision,
+                  gpu_mem_gb=args.gpu_mem or tcfg.gpu_mem_gb, precision=args.precision or cfg.engine.precision,
                   trainable_frac=frac)
     if args.min_activation_gb is not None:
         need_gb, need = args.min_activation_gb, None

@@ -82,10 +82,9 @@ class RLState:
 
 
 def rl_hash(cfg: PipelineConfig, parent_digest: str) -> str:
-    """What determines the RL trajectory: the rl settings (run length, logging and paths excluded) and the
-    start checkpoint's content. Resuming needs a match."""
-    return view_hash({"rl": trajectory_view(cfg.rl), "parent": parent_digest,
-                      "precision": cfg.train.precision, "strategy": cfg.train.strategy})
+    """What determines the RL trajectory: the rl settings and the shared `engine` (run length, logging and paths
+    excluded) and the start checkpoint's content. Resuming needs a match."""
+    return view_hash({"rl": trajectory_view(cfg.rl), "engine": trajectory_view(cfg.engine), "parent": parent_digest})
 
 
 class GRPOModule(TrainModule):
@@ -101,14 +100,14 @@ class GRPOModule(TrainModule):
         self.dist = d
         if r.num_gpus != d.world_size:
             log.warning("rl.num_gpus=%d but running on %d rank(s)", r.num_gpus, d.world_size)
-        if cfg.train.strategy == "fsdp":  # measured: transformers' generate runs the vision tower before FSDP2 has
+        if cfg.engine.strategy == "fsdp":  # measured: transformers' generate runs the vision tower before FSDP2 has
             # gathered the root module's parameters (aten.convolution: mixed torch.Tensor and DTensor)
             raise VTGError("rl: FSDP2 cannot run the RL stage yet (generate's vision pass meets sharded parameters); "
-                           "run it with train.strategy=deepspeed (ZeRO 0-3)")
+                           "run it with engine.strategy=deepspeed (ZeRO 0-3)")
         if r.queries_per_step % d.world_size:
             raise VTGError(f"rl.queries_per_step={r.queries_per_step} does not split over {d.world_size} ranks")
-        set_determinism(cfg.train.deterministic)
-        self.device, self.dtype = d.device, torch_dtype(cfg.train.precision)
+        set_determinism(cfg.engine.deterministic)
+        self.device, self.dtype = d.device, torch_dtype(cfg.engine.precision)
         self.parent = Path(broadcast(str(start_checkpoint(cfg)) if d.is_main else None, d))
         # seeded after the start choice: whether it evaluated or reused stored results must not move the trajectory
         seed_everything(r.seed + d.rank)
@@ -159,7 +158,7 @@ class GRPOModule(TrainModule):
         share = r.queries_per_step // d.world_size
         mine = [self.by_key[self.state.pool[i]] for i in ids[d.rank * share:(d.rank + 1) * share]]
         encoded = encode_prompts(self.tokenizer, mine, r.group_size, self.vision)
-        synced = self.dist.world_size > 1 and (r.zero_stage == 3 or self.cfg.train.strategy == "fsdp")
+        synced = self.dist.world_size > 1 and (r.zero_stage == 3 or self.cfg.engine.strategy == "fsdp")
         with clock.phase("generate_s"):
             roll = sample(self.engine.module, self.tokenizer, encoded, temperature=r.temperature, top_p=r.top_p,
                           max_new_tokens=r.max_new_tokens, device=self.device, dtype=self.dtype, synced=synced)

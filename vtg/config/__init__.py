@@ -23,6 +23,8 @@ from vtg.config._base import Section
 from vtg.config.annotate import AnnotateConfig
 from vtg.config.benchmark import BenchmarkConfig
 from vtg.config.corpus import CorpusConfig
+from vtg.config.engine import MOVED as ENGINE_MOVED
+from vtg.config.engine import EngineConfig
 from vtg.config.evaluate import EvaluateConfig
 from vtg.config.ingest import IngestConfig
 from vtg.config.orchestration import OrchestrationConfig
@@ -40,6 +42,7 @@ __all__ = [
     "BenchmarkConfig",
     "ConfigError",
     "CorpusConfig",
+    "EngineConfig",
     "EvaluateConfig",
     "IngestConfig",
     "OrchestrationConfig",
@@ -67,6 +70,8 @@ class PipelineConfig(Section):
     """Automatic annotation (off by default): proposed, verified auto records for videos without annotations."""
     preprocess: PreprocessConfig = PreprocessConfig()
     """Beam preprocessing."""
+    engine: EngineConfig = EngineConfig()
+    """What SFT and RL share: the distributed engine, precision, determinism and offload."""
     train: TrainConfig = TrainConfig()
     """DeepSpeed training."""
     rl: RLConfig = RLConfig()
@@ -88,6 +93,38 @@ class PipelineConfig(Section):
         if overlap:
             raise ValueError(overlap)
         return self
+
+    @model_validator(mode="after")
+    def _engine_fits(self) -> PipelineConfig:
+        """The shared `engine` against each stage's own ZeRO stage (SFT's, and RL's when it runs) and model."""
+        problem = engine_mismatch(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+MOVED_KEYS = {f"train.{name}": f"engine.{name}" for name in ENGINE_MOVED}
+"""Keys that moved (old -> new): giving an old one is an error naming the new one."""
+
+
+def engine_mismatch(cfg: PipelineConfig) -> str | None:
+    """Why `engine` does not fit a stage that trains on it (None: it fits). Offload is DeepSpeed ZeRO's: parameter
+    offload needs stage 3, optimizer offload stage >= 1, for SFT (`train.zero_stage`) and, with
+    `orchestration.rl` on, for RL too (`rl.zero_stage`: RL trains on the same engine settings)."""
+    e = cfg.engine
+    zero = {"train.zero_stage": cfg.train.zero_stage}
+    if cfg.orchestration.rl:
+        zero["rl.zero_stage"] = cfg.rl.zero_stage
+    for key, stage in zero.items():
+        rl = "; RL trains on the same engine: set it too, or orchestration.rl=false" if key.startswith("rl.") else ""
+        if e.offload_param and stage != 3:
+            return f"engine.offload_param=true needs {key} 3 (got {key}={stage}{rl})"
+        if e.offload_optimizer and stage == 0:
+            return f"engine.offload_optimizer=true needs {key} >= 1 (got {key}=0{rl})"
+    if cfg.train.model.attn_implementation == "flash_attention_2" and e.precision == "fp32":
+        return ("train.model.attn_implementation=flash_attention_2 needs engine.precision bf16 or fp16 "
+                "(got engine.precision=fp32; flash-attn has no fp32 kernels)")
+    return None
 
 
 def output_roots_overlap(cfg: PipelineConfig) -> str | None:
@@ -229,6 +266,9 @@ def _format_errors(err: ValidationError, origin: dict[str, str], default_source:
         if not dotted:  # a check across sections: its message names the keys (`key=value`), each from its file
             named = sorted({src for key, src in origin.items() if f"{key}=" in msg})
             lines.append(f"{' and '.join(named) or default_source}: {msg}")
+            continue
+        if e["type"] == "extra_forbidden" and dotted in MOVED_KEYS:
+            lines.append(f"{source}: {dotted} moved to {MOVED_KEYS[dotted]}")
             continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key (typo? see `--dry-run` for the valid keys)"

@@ -14,7 +14,7 @@ class ModelConfig(Section):
     random-init model at that hub model's real widths with depth cut (vtg/model/shape_true.py); otherwise a hub
     id or local path of a checkpoint."""
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
-    """`auto`: flash_attention_2 when installed, on a GPU and precision is bf16/fp16, else sdpa."""
+    """`auto`: flash_attention_2 when installed, on a GPU and `engine.precision` is bf16/fp16, else sdpa."""
     finetune: Literal["full", "lora"] = "full"
     """Full fine-tuning or LoRA adapters (peft)."""
     lora_r: int = Field(16, ge=1)
@@ -154,8 +154,6 @@ class TrainConfig(RunControl):
     """Shard root written by preprocess."""
     out_dir: str = Field("checkpoints/sft", json_schema_extra=NOT_OUTPUT)
     """SFT checkpoint root: `step-%06d/` and `latest` (RL writes beside it, in `rl.out_dir`)."""
-    strategy: Literal["deepspeed", "fsdp"] = "deepspeed"
-    """Distributed engine: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`) as the ZeRO-3 alternative."""
     max_steps: int = Field(1500, ge=1, json_schema_extra=RUN_LENGTH)
     """Optimizer steps."""
     lr: float = Field(3e-3, gt=0, le=1)
@@ -181,15 +179,6 @@ class TrainConfig(RunControl):
     training) checks model states + activations of the longest example per GPU against it."""
     zero_stage: int = Field(2, ge=0, le=3)
     """DeepSpeed ZeRO stage (0-3)."""
-    offload_optimizer: bool = False
-    """ZeRO-Offload: optimizer states (and step) on the CPU (stage >= 1)."""
-    offload_param: bool = False
-    """ZeRO-Infinity style parameter offload to the CPU (stage 3 only)."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Training precision (fp32 on CPU: bf16 is ~40x slower there)."""
-    deterministic: bool = False
-    """Deterministic kernels on every rank (cuBLAS workspace, torch deterministic algorithms with warn_only, cuDNN
-    deterministic without benchmark); slower on GPUs. Recorded in every checkpoint's meta.json."""
     peak_tflops: float = Field(0.0, ge=0, json_schema_extra=NOT_OUTPUT)
     """Peak bf16 TFLOP/s of one device, the MFU denominator; 0: by GPU name (H100/H200 989, A100 312), and on
     a CPU or an unknown GPU no MFU is logged."""
@@ -203,14 +192,3 @@ class TrainConfig(RunControl):
     early_stop_patience: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
     """With `early_stop`: how many consecutive rising val losses end the run (the evaluate stage's report warns
     on its own `evaluate.overfit_patience`)."""
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.offload_param and self.zero_stage != 3:
-            raise ValueError("offload_param needs zero_stage 3")
-        if self.offload_optimizer and self.zero_stage == 0:
-            raise ValueError("offload_optimizer needs zero_stage >= 1")
-        if self.model.attn_implementation == "flash_attention_2" and self.precision == "fp32":
-            raise ValueError("model.attn_implementation=flash_attention_2 needs precision bf16 or fp16 "
-                             "(flash-attn has no fp32 kernels)")
-        return self

@@ -30,7 +30,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""`train.precision` -> torch dtype: the one map."""
+"""`engine.precision` -> torch dtype: the one map."""
 
 
 def torch_dtype(precision: str) -> torch.dtype:
@@ -67,7 +67,7 @@ def choose_attn_implementation(requested: str = "auto", device: str | torch.devi
             raise VTGError("attn_implementation=flash_attention_2 needs a CUDA device; use auto or sdpa on CPU")
         if choice == "flash_attention_2" and not half:
             raise VTGError("attn_implementation=flash_attention_2 needs bf16 or fp16 weights (flash-attn has no "
-                           "fp32 kernels); set train.precision=bf16, or attn_implementation auto or sdpa")
+                           "fp32 kernels); set engine.precision=bf16, or attn_implementation auto or sdpa")
     log.info("attention implementation: %s (%s)", choice, why)
     return choice
 
