@@ -125,6 +125,8 @@ def plot_plane(pareto: dict, path: Path) -> bool:
                 label=f"chosen ({chosen[0]['checkpoint']})")
     if pareto["floor"]:
         ax.axhline(pareto["floor"], ls="--", color="gray", lw=1, label=f"floor {pareto['floor']:g}")
+    top = max((p["retention_ci"] or [0, p["retention"]])[1] for p in pts)
+    ax.set_ylim(-0.03, max(1.05, top + 0.03))  # retention 0 (all forgotten) to the base's 1 always in view
     ax.set_xlabel(f"{pareto['x']} ({pareto['split']})")
     ax.set_ylabel("retention of the lowest general task")
     ax.set_title("Grounding vs retention, per checkpoint")
