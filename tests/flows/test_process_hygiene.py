@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.flowkit import PY, STANDIN_OVERRIDES, make_project, project_env
+from support.killkit import wait_until
 
 from vtg.checkpoints import LOCK_FILE, CheckpointLock, lock_checkpoint_root
 from vtg.errors import VTGError
@@ -35,15 +36,6 @@ def processes_in(workdir: Path) -> dict[int, str]:
         if cwd == root or cwd.startswith(root + "/") or root in cmd:
             found[int(d.name)] = cmd
     return found
-
-
-def wait_until(cond, timeout: float, step: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 def _kill_all(pids) -> None:
