@@ -21,7 +21,7 @@ from prefect.artifacts import create_table_artifact
 from flows.stages import die_with_parent
 from vtg import checkpoints, eval_queue, lineage
 from vtg.cli_common import run_cli
-from vtg.config import PipelineConfig, load_config
+from vtg.config import MOVED_KEYS, PipelineConfig, load_config
 from vtg.errors import VTGError
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,23 @@ def checkpoint_config(checkpoint_dir: str | Path, params: str = "params.yaml") -
     data = checkpoints.read_config(checkpoint_dir)
     if data is not None:
         try:
-            return PipelineConfig.model_validate(data.get("pipeline", data))
+            return PipelineConfig.model_validate(upgrade_config(data.get("pipeline", data)))
         except ValueError as e:
             log.warning("%s: its config is not a valid pipeline config (%s); using %s", checkpoint_dir,
                         str(e).splitlines()[:3], params)
     return load_config(params)
+
+
+def upgrade_config(data: dict) -> dict:
+    """A stored config from before a key moved (`vtg.config.MOVED_KEYS`, e.g. `train.precision` -> `engine.precision`)
+    in today's layout; other content unchanged."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in MOVED_KEYS.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        section = data.get(old_section)
+        if isinstance(section, dict) and old_key in section:
+            data.setdefault(new_section, {}).setdefault(new_key, section.pop(old_key))
+    return data
 
 
 def resolve_callable(spec: str):

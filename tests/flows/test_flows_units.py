@@ -200,3 +200,18 @@ def test_a_task_gets_the_evaluator_and_the_ephemeral_api_url_from_prefects_clien
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["url"].startswith("http://127.0.0.1:") and got["url"].endswith("/api") and got["health"] == 200
     assert got["queue"] == str(tmp_path / "q.jsonl")
+
+
+def test_a_checkpoint_config_from_before_the_engine_section_still_reads(tmp_path: Path, caplog):
+    """A checkpoint saved with `train.precision` etc. (before `engine`) evaluates under its own config, upgraded,
+    not under params.yaml with a warning."""
+    from flows.evaluation import checkpoint_config
+
+    REPO = Path(__file__).resolve().parents[2]
+    data = load_config(REPO / "params.yaml", None, ["engine.deterministic=true", "train.lr=0.001"]).model_dump(
+        mode="json")
+    data["train"].update(data.pop("engine"))  # the old layout
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with caplog.at_level("WARNING"):
+        cfg = checkpoint_config(tmp_path, str(REPO / "params.yaml"))
+    assert cfg.engine.deterministic is True and cfg.train.lr == 0.001 and not caplog.records
