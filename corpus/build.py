@@ -141,7 +141,9 @@ def _build(cfg: CorpusConfig, force: bool, progress: bool) -> dict:
     content = cfg.model_dump(mode="json", exclude=NOT_CONTENT)
     digest = f"{hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]}-g{GENERATOR_VERSION}"
     if not force and _is_up_to_date(out, digest):
-        return json.loads((out / GROUND_TRUTH).read_text()) | {"skipped": True, "out_dir": str(out)}
+        gt = json.loads((out / GROUND_TRUTH).read_text())
+        write_general_suites(out, gt)  # derived from the ground truth: a corpus built before a task was added gains it
+        return gt | {"skipped": True, "out_dir": str(out)}
     if out.exists() and not (out / GROUND_TRUTH).is_file() and any(out.iterdir()):
         raise VTGError(f"{out}: exists and is not a synthetic corpus (no {GROUND_TRUTH}); "
                        "set corpus.out_dir to a new directory or remove it")

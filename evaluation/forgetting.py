@@ -3,7 +3,8 @@
 
 `ask` scores one loaded model on the suite (greedy answers, exact match), `task_scores` turns the rows into
 per-task accuracy with a 95% bootstrap interval, and `retention` puts a checkpoint's scores over its base's, with a
-warning for every task below `evaluate.forgetting.warn_below`. The base's scores are computed once per (base
+warning for every task below `evaluate.forgetting.warn_below`. Overall, `min_retention` (the task kept worst: what
+selection's floor and the grounding-retention plane use) and `mean_retention` (the tasks weighted alike). The base's scores are computed once per (base
 export, suite, settings) and kept in the evaluation store (`base_scores`), so each checkpoint costs one pass.
 """
 
@@ -86,7 +87,8 @@ def retention(checkpoint: dict[str, dict], base: dict[str, dict] | None, warn_be
             warnings.append(f"general task `{task}`: retention {ratio:.2f} (accuracy {s['accuracy']:.3f} vs the "
                             f"base's {b['accuracy']:.3f}) is below {warn_below:g}: grounding training is erasing it")
     ratios = [t["retention"] for t in tasks.values() if t["retention"] is not None]
-    return {"tasks": tasks, "min_retention": min(ratios) if ratios else None, "warnings": warnings}
+    return {"tasks": tasks, "min_retention": min(ratios) if ratios else None,
+            "mean_retention": sum(ratios) / len(ratios) if ratios else None, "warnings": warnings}
 
 
 def base_identity(base_path: str | Path) -> list:

@@ -281,6 +281,10 @@ def forgetting_table(general: dict | None) -> tuple[list[str], list[list], list[
     rows = [[task, t["n"], "-" if t.get("base_accuracy") is None else f"{t['base_accuracy']:.3f}",
              format_ci(t["accuracy"], t.get("ci")),
              "-" if t.get("retention") is None else f"{t['retention']:.2f}"] for task, t in tasks.items()]
+    if len(tasks) > 1 and general.get("min_retention") is not None:
+        mean = general.get("mean_retention")  # absent from results stored before it was added
+        rows.append(["overall (lowest / mean of the tasks)", sum(t["n"] for t in tasks.values()), "", "",
+                     f"{general['min_retention']:.2f} / {'-' if mean is None else f'{mean:.2f}'}"])
     notes = list(general.get("warnings") or [])
     if general.get("base_note"):
         notes.append(general["base_note"])

@@ -56,6 +56,9 @@ def flat_metrics(result: dict) -> dict[str, float]:
         out[f"{prefix}general/{task}/accuracy"] = float(t["accuracy"])
         if t.get("retention") is not None:
             out[f"{prefix}general/{task}/retention"] = float(t["retention"])
+    for overall in ("min_retention", "mean_retention"):
+        if (s.get("forgetting") or {}).get(overall) is not None:
+            out[f"{prefix}general/{overall}"] = float(s["forgetting"][overall])
     ci = s.get("intervals") or {}
     for k, (lo, hi) in (ci.get("model") or {}).items():
         out.update({f"{prefix}{mlflow_key(k)}_ci_low": lo, f"{prefix}{mlflow_key(k)}_ci_high": hi})

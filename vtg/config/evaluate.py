@@ -9,10 +9,11 @@ from vtg.config._base import NOT_OUTPUT, Section
 
 
 class ForgettingConfig(Section):
-    suite: str = "data/raw/synthetic/general/eval.jsonl"
+    suite: str = "data/raw/synthetic/general/eval_all.jsonl"
     """General-task items (`vtg.general_tasks` format: video or image questions, multiple choice or short answer,
     scored exactly) asked of the base model and of every evaluated checkpoint; retention per task = checkpoint
-    accuracy / base accuracy. Empty, or a file that does not exist: no forgetting measurement (the result says
+    accuracy / base accuracy, overall the lowest and the mean of the tasks'. Default: the corpus's colour (chance
+    1/8) and presence (chance 1/2) questions on held-out videos (`corpus.general`). Empty, or a file that does not exist: no forgetting measurement (the result says
     why)."""
     num_frames: int = Field(8, ge=1)
     """Frames per clip, spread uniformly over the item's [start_s, end_s) (also what `train.teach` teaches with)."""

@@ -125,14 +125,15 @@ class GuardConfig(Section):
 
 
 class TeachConfig(Section):
-    suite: str = "data/raw/synthetic/general/teach.jsonl"
+    suite: str = "data/raw/synthetic/general/teach_all.jsonl"
     """General-task items (`vtg.general_tasks` format) a tiny base (`tiny`, `tiny-qwen3_vl`, ...) is first taught,
     standing in for the pre-training a real checkpoint had, so that forgetting can be measured
     (`evaluate.forgetting`); `vtg/model/teach.py`, cached like the tiny models. Ignored for any other base. Empty, or
     a file that does not exist (a warning says so): the tiny base is not taught."""
-    steps: int = Field(600, ge=0)
-    """AdamW steps of teaching (0: not taught). Default corpus: ~860 colour items, 600 steps ~50 s on the CPU,
-    held-out accuracy 0.95."""
+    steps: int = Field(1200, ge=0)
+    """AdamW steps of teaching (0: not taught); a suite of several tasks is taught in batches shared equally among
+    them. Default corpus: 1,436 colour and 3,270 presence items, 1,200 steps ~2 min on two CPU cores, held-out
+    accuracy 0.98 on both tasks (600 steps: colour 0.23)."""
     lr: float = Field(3e-3, gt=0, le=1)
     """Peak learning rate (linear warmup over the first tenth)."""
     batch_size: int = Field(16, ge=1)

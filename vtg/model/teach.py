@@ -24,7 +24,7 @@ from vtg.io import file_digest
 
 log = logging.getLogger(__name__)
 
-TEACH_VERSION = "1"
+TEACH_VERSION = "2"  # 2: a suite of several tasks is taught in balanced batches (`draw`)
 MARKER = "teach_build.json"
 
 
@@ -116,10 +116,24 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     tokenizer = AutoTokenizer.from_pretrained(base)
     vision = VisionParams.from_model(model)
     rng = np.random.default_rng(s["seed"])
+    by_task: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        by_task.setdefault(item.task, []).append(i)
+
+    def draw() -> list[int]:
+        """A batch's items: with one task, `batch_size` of them at random; with several, an equal share of the
+        batch from each task (the first tasks take the remainder), so a task with fewer items is not taught less."""
+        if len(by_task) == 1:
+            return list(rng.choice(len(items), size=min(s["batch_size"], len(items)), replace=False))
+        out, share = [], divmod(s["batch_size"], len(by_task))
+        for k, ids in enumerate(by_task.values()):
+            n = min(share[0] + (k < share[1]), len(ids))
+            out += [ids[j] for j in rng.choice(len(ids), size=n, replace=False)]
+        return out
 
     def batch(step: int) -> list[dict]:
         out = []
-        for i in rng.choice(len(items), size=min(s["batch_size"], len(items)), replace=False):
+        for i in draw():
             item = items[i]
             frames, times = clips[(item.video or item.image, item.start_s, item.end_s)]
             out.append(encode_example(tokenizer, frames, times, prompt_text(item), answer_text(item), vision=vision,
