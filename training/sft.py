@@ -121,6 +121,7 @@ class SFTModule(TrainModule):
         """`evaluator`: what `train.early_stop` scores each checkpoint with (`checkpoint -> val loss`; default
         `training.early_stop.val_loss_evaluator`, training's own val split)."""
         self.cfg, self.tcfg = cfg, cfg.train
+        self.mix = self.tcfg.mix_sources()  # `train.data.mix` as trained on (`suite: taught` resolved)
         self.evaluator = evaluator
         self.num_workers = self.tcfg.data.num_workers
         check_before_training(cfg)  # before the model: a recipe whose longest example cannot fit stops here
@@ -130,7 +131,7 @@ class SFTModule(TrainModule):
         seed_everything(self.tcfg.seed)
         set_determinism(self.cfg.engine.deterministic)
         self.check_shards()  # before the model: shards that disagree with their manifest stop the run here
-        check_mix_suites(self.tcfg.data.mix)
+        check_mix_suites(self.mix)
         self.model, self.tokenizer, self.base_path = build_model(self.cfg, self.dist.device)
         self.vision = VisionParams.from_model(self.model)  # the base checkpoint's processor facts
         if self.tcfg.data.packing:
@@ -142,7 +143,7 @@ class SFTModule(TrainModule):
         self.data_version = broadcast(data_version(self.tcfg.shards_dir) if self.dist.is_main else None, self.dist)
         self.data_sources = broadcast(data_sources(self.tcfg.shards_dir, self.tcfg.data.split)
                                       if self.dist.is_main else None, self.dist)
-        check_mix_sources(self.tcfg.data.mix, self.data_sources, self.tcfg.shards_dir, self.tcfg.data.split)
+        check_mix_sources(self.mix, self.data_sources, self.tcfg.shards_dir, self.tcfg.data.split)
         self.trainable, self.total = count_parameters(self.model)
         self.monitor = PerfMonitor(self.dist.device, model_flops(self.model), self.tcfg.peak_tflops,
                                    self.dist.is_main)
@@ -193,7 +194,7 @@ class SFTModule(TrainModule):
                 "samples_seen": self.state.samples,
                 "metrics": {"train/loss": self.last_loss,
                             TRAIN_LOSS_AVG: window_mean(self.state.losses, self.tcfg.save_every)}}
-        if self.tcfg.data.mix:
+        if self.mix:
             meta["data_mix"] = self.mix_totals()
         return meta
 
@@ -211,7 +212,7 @@ class SFTModule(TrainModule):
                           token_budget=d.token_budget, length_groups=d.length_groups, max_seq_len=d.max_seq_len,
                           packing=d.packing, pack_length=d.pack_length, one_row=self.one_row,
                           skip_batches=self.state.batches, keep=source_keep(self.data_sources, d.auto_share),
-                          mix=tuple((m.name, m.weight, m.suite, tuple(m.sources)) for m in d.mix),
+                          mix=tuple((m.name, m.weight, m.suite, tuple(m.sources)) for m in self.mix),
                           general_frames=(self.cfg.evaluate.forgetting.num_frames,
                                           self.cfg.evaluate.forgetting.frame_size))
         return make_loader(spec, self.tokenizer, self.vision, d.num_workers, d.prefetch_factor)
@@ -333,7 +334,7 @@ class SFTModule(TrainModule):
         return metrics
     def _mix_shares(self, counts: dict[str, int]) -> dict[str, float]:
         """Each mix source's share of `counts` summed over ranks (every rank calls this); {} without a mix."""
-        names = [m.name for m in self.tcfg.data.mix]
+        names = [m.name for m in self.mix]
         if not names:
             return {}
         total = all_reduce_sum([float(counts.get(n, 0)) for n in names], self.dist.device)
@@ -342,7 +343,7 @@ class SFTModule(TrainModule):
 
     def mix_totals(self) -> dict | None:
         """`train.data.mix`'s weights and the examples trained on per source, all ranks (every rank calls this)."""
-        mix = self.tcfg.data.mix
+        mix = self.mix
         if not mix:
             return None
         counts = all_reduce_sum([float(self.state.mix_counts.get(m.name, 0)) for m in mix], self.dist.device)

@@ -129,6 +129,25 @@ def test_mix_config_is_checked():
             load_config(REPO_ROOT / "params.yaml", None, [f"train.data.mix=[{', '.join(bad)}]"])
 
 
+def test_suite_taught_replays_what_the_base_was_taught_and_goes_where_nothing_was(suite, tmp_path):
+    """The default mix's `suite: taught` is `train.teach.suite` for a tiny base that is taught; for a real base,
+    no teaching steps or no suite file the entry goes, and a lone unfiltered grounding source is no mix."""
+    from vtg.config import load_config
+
+    taught = ["train.data.mix=[{name: grounding, weight: 0.9}, {name: general, weight: 0.1, suite: taught}]"]
+    cfg = load_config(REPO_ROOT / "params.yaml", None, [f"train.teach.suite={suite}"])
+    assert [(m.name, m.weight, m.suite) for m in cfg.train.data.mix] == [("grounding", 0.9, ""),
+                                                                          ("general", 0.1, "taught")]
+    assert [(m.name, m.suite) for m in cfg.train.mix_sources()] == [("grounding", ""), ("general", str(suite))]
+    for why in ("train.teach.steps=0", "train.model.base=Qwen/Qwen2.5-VL-3B-Instruct",
+                f"train.teach.suite={tmp_path / 'none.jsonl'}"):
+        cfg = load_config(REPO_ROOT / "params.yaml", None, [f"train.teach.suite={suite}", *taught, why])
+        assert cfg.train.mix_sources() == [], why
+    kept = load_config(REPO_ROOT / "params.yaml", None, [
+        "train.teach.steps=0", "train.data.mix=[{name: a, weight: 1, sources: [x]}, {name: g, weight: 1, suite: taught}]"])
+    assert [m.name for m in kept.train.mix_sources()] == ["a"]
+
+
 @pytest.mark.slow
 def test_a_mixed_run_counts_its_sources_and_resumes_bit_exact(shards_dir, suite, tmp_path):
     """World size 1: the counts per source in meta.json, the summary and MLflow; stopped after step 2 and

@@ -1,5 +1,6 @@
 """`train`: DeepSpeed (or FSDP2) training of a Hugging Face VLM for temporal grounding."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -27,6 +28,21 @@ class ModelConfig(Section):
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
 
 
+TAUGHT = "taught"
+"""`train.data.mix`'s suite keyword: what the tiny base was taught (`taught_suite`)."""
+
+
+def taught_suite(teach, base_name: str) -> str | None:
+    """The suite a base named `base_name` is taught before grounding (`train.teach`), or None: not a tiny base, no
+    suite or no steps, or no file there (`vtg.model.teach.teach_if_tiny` says so). The one rule for both the
+    teaching and the replay of what was taught (`train.data.mix`'s `suite: taught`)."""
+    from vtg.model.tiny import tiny_family
+
+    if not teach.suite or not teach.steps or not tiny_family(base_name) or not Path(teach.suite).is_file():
+        return None
+    return teach.suite
+
+
 class MixSource(Section):
     """One source of `train.data.mix`: the grounding shards (all of them, or the queries of some declared sources)
     or a general-task suite (`vtg/general_tasks.py`'s jsonl), drawn with probability `weight` / sum of weights."""
@@ -36,9 +52,11 @@ class MixSource(Section):
     weight: float = Field(gt=0)
     """Relative sampling weight (the shares are the weights over their sum)."""
     suite: str = ""
-    """A general-task suite to replay (e.g. `data/raw/synthetic/general/teach.jsonl`, what a tiny base was taught;
-    each item encoded by the family's own encoder at `evaluate.forgetting.num_frames` x `frame_size`, loss on
-    its answer only); empty: the grounding shards of `train.shards_dir`."""
+    """A general-task suite to replay (a `vtg/general_tasks.py` jsonl; each item encoded by the family's own encoder
+    at `evaluate.forgetting.num_frames` x `frame_size`, loss on its answer only); `taught`: the suite the tiny base
+    was taught (`train.teach.suite`), and for a base that is not taught (a real checkpoint, `train.teach.steps=0`,
+    no suite file) the entry is left out (name a general suite of your own to replay one); empty: the grounding
+    shards of `train.shards_dir`."""
     sources: list[str] = Field(default_factory=list)
     """Grounding only: keep the queries of these declared source ids (`ingest.sources`); empty: every source."""
 
@@ -86,12 +104,14 @@ class DataConfig(Section):
     Recorded in the export's tokenizer config."""
     sanity_examples: int = Field(32, ge=1)
     """Examples checked before step 1 (answer mask, labels, lengths)."""
-    mix: list[MixSource] = Field(default_factory=list)
+    mix: list[MixSource] = Field(default_factory=lambda: [MixSource(name="grounding", weight=0.9),
+                                                          MixSource(name="general", weight=0.1, suite=TAUGHT)])
     """Multi-source mixing (LLaMA-Factory's `interleave_probs`, ms-swift's sampling ratios): named sources with
-    weights, e.g. `[{name: grounding, weight: 0.9}, {name: colours, weight: 0.1, suite: <teach suite>}]` replays
-    the general task beside grounding. Each stream position draws its source from a seeded generator (per rank and
-    worker), so a resume is bit-exact at any world size; the counts per source reach the log, meta.json and MLflow.
-    Empty: the grounding shards alone."""
+    weights. The default replays what the base was taught (`suite: taught`) in 10% of SFT's examples, so that
+    grounding does not erase it (docs/results.md, issue 41: retention 0.00 without). Each stream position draws
+    its source from a seeded generator (per rank and worker), so a resume is bit-exact at any world size; the
+    counts per source reach the log, meta.json and MLflow. Empty (or only grounding left): the grounding shards
+    alone."""
 
     @model_validator(mode="after")
     def _check_mix(self):
@@ -193,3 +213,14 @@ class TrainConfig(RunControl):
     early_stop_patience: int = Field(3, ge=1, json_schema_extra=RUN_LENGTH)
     """With `early_stop`: how many consecutive rising val losses end the run (the evaluate stage's report warns
     on its own `evaluate.overfit_patience`)."""
+
+    def mix_sources(self) -> list[MixSource]:
+        """`data.mix` as trained on: `suite: taught` becomes `teach.suite` where the base is taught, else the entry
+        goes (a mix left with one unfiltered grounding source is no mix). Every reader of the mix takes it from
+        here; params.yaml and the run key keep the keyword."""
+        if not any(m.suite == TAUGHT for m in self.data.mix):
+            return list(self.data.mix)
+        suite = taught_suite(self.teach, self.model.base)
+        mix = [m.model_copy(update={"suite": suite}) if m.suite == TAUGHT else m
+               for m in self.data.mix if m.suite != TAUGHT or suite]
+        return [] if len(mix) == 1 and not mix[0].suite and not mix[0].sources else mix

@@ -58,14 +58,15 @@ def teach_if_tiny(cfg, name: str, base: str) -> str:
     """`base` (the resolved path of the base named `name`) taught `train.teach.suite` when `name` is a tiny base
     (built once and cached: every rank, and the annotate stage's annotator, find the same directory); any other
     base, or no suite, unchanged."""
+    from vtg.config.train import taught_suite
     from vtg.model.tiny import tiny_family
 
     t, frames = cfg.train.teach, cfg.evaluate.forgetting
-    if not tiny_family(name) or not t.suite or not t.steps:
-        return base
-    if not Path(t.suite).is_file():
-        log.warning("train.teach.suite %s does not exist: the tiny base is not taught a general task, so "
-                    "forgetting has nothing to measure (build the corpus first, or set train.teach.suite=)", t.suite)
+    if taught_suite(t, name) is None:
+        if tiny_family(name) and t.suite and t.steps:
+            log.warning("train.teach.suite %s does not exist: the tiny base is not taught a general task, so "
+                        "forgetting has nothing to measure (build the corpus first, or set train.teach.suite=)",
+                        t.suite)
         return base
     return str(taught_base(base, t.suite, steps=t.steps, lr=t.lr, batch_size=t.batch_size,
                            num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed))
