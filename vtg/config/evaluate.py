@@ -25,9 +25,11 @@ class ForgettingConfig(Section):
     """Ask only the first N items (0: all)."""
     warn_below: float = Field(0.9, ge=0)
     """Warn (log, MLflow tag, report) when a task's retention falls below this."""
-    min_for_selection: float = Field(0.0, ge=0)
+    min_for_selection: float = Field(0.9, ge=0)
     """Best-checkpoint selection skips checkpoints whose lowest task retention is below this (0: no such rule;
-    when no checkpoint qualifies, selection says so and uses all)."""
+    when no checkpoint qualifies, selection says so and uses all). 0.9 (was 0): the default keeps what the base
+    knew as it grounds (`train.data.mix` replays it; issue 41), and RL's start and the evaluate stage's pick are
+    chosen among the checkpoints that did; docs/stages.md says how to choose the floor."""
 
 
 class EvaluateConfig(Section):
