@@ -30,6 +30,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).
 	$(PIP) install -q --no-deps "scenedetect==0.7.2"
+	# lmms-eval for the parity test of our readers of its answers (tests/evaluation/test_lmms_parity.py), without its
+	# dependencies (large, and they clash with ours): the test loads its task files by path, never the package.
+	$(PIP) install -q --no-deps "lmms-eval==0.7.3"
 	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
 	rm -f $(VENV)/.installed-*; touch $@
 

@@ -10,9 +10,10 @@ each video once over its full duration, and scores one answer per query under a 
   capped by `benchmark.max_frames` and `benchmark.max_video_tokens`, frame indices spread over the whole video as
   the families' processors spread them (`linspace(0, total - 1, n)` rounded), time from the video's start; the
   model's own prompt and `vtg.answer`'s parser.
-- `lmms_eval_charades`: lmms-eval's Charades-STA task held as data (evaluation/profiles/): 32 uniform frames, its
-  prompt, its answer reading (`evaluation.lmms_parse`) with its rule that an answer without a time pair scores 0,
-  and its metric names in percent beside ours.
+- `lmms_eval_charades`: lmms-eval 0.7.3's Charades-STA task held as data (evaluation/profiles/): 32 uniform frames,
+  its prompt, its answer reading (`evaluation.lmms_parse`, pinned to lmms-eval's own by test) with its rule that an
+  answer without a time pair scores 0, and its metric names in percent beside ours. The card names the lmms-eval
+  version, so numbers read under two versions are never ranked against each other.
 
 Every result carries its harness card (`evaluation.harness`, protocol `full_video`, the profile named) and 95%
 bootstrap intervals; two results under different cards are never ranked against each other (`require_comparable`).
@@ -31,10 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation import intervals
+from evaluation import intervals, lmms_parse
 from evaluation.core import resolve_device
 from evaluation.harness import FULL_VIDEO, build_card, frame_facts
-from evaluation.lmms_parse import lmms_eval_span
 from vtg import checkpoints
 from vtg.answer import parse_answer
 from vtg.config import PipelineConfig
@@ -68,10 +68,12 @@ class Profile:
     max_new_tokens: int = 0
     """0: `benchmark.max_new_tokens`."""
     parser: dict | None = None
-    """None: `vtg.answer` (its version and rule go on the card)."""
+    """None: `vtg.answer` (its version and rule go on the card); else an lmms-eval task's reader (`task`)."""
     metric_names: dict | None = None
     scale: float = 1.0
     source: dict | None = None
+    lmms_eval_version: str | None = None
+    """The lmms-eval release whose task the profile is (None: not an lmms-eval task); the card carries it."""
 
 
 def load_profile(name: str) -> Profile:
@@ -82,9 +84,14 @@ def load_profile(name: str) -> Profile:
         known = ["full_video", *sorted(p.stem for p in PROFILE_DIR.glob("*.json"))]
         raise VTGError(f"benchmark.profile={name}: no such profile (known: {', '.join(known)})")
     d = json.loads(path.read_text())
+    version = d.get("lmms_eval_version")
+    if d["parser"]["task"] not in lmms_parse.TASK_FILES or version != lmms_parse.LMMS_EVAL_VERSION:
+        raise VTGError(f"{path}: task {d['parser']['task']} of lmms-eval {version}, but evaluation.lmms_parse reads "
+                       f"{sorted(lmms_parse.TASK_FILES)} as lmms-eval {lmms_parse.LMMS_EVAL_VERSION} does")
     return Profile(name=d["name"], frames="uniform", num_frames=int(d["frames"]["count"]),
                    query_template=d["query_template"], max_new_tokens=int(d["decoding"]["max_new_tokens"]),
-                   parser=d["parser"], metric_names=d["metric_names"], scale=float(d["scale"]), source=d["source"])
+                   parser=d["parser"], metric_names=d["metric_names"], scale=float(d["scale"]), source=d["source"],
+                   lmms_eval_version=version)
 
 
 def frame_indices(total: int, count: int, profile: Profile) -> np.ndarray:
@@ -125,31 +132,42 @@ def sample_video(record: CanonicalRecord, path: str, profile: Profile, vision,
 
 
 def _score(answer: str, windows, profile: Profile) -> tuple[tuple | None, float]:
-    pred = lmms_eval_span(answer) if profile.parser else parse_answer(answer)
+    pred = lmms_parse.task_span(profile.parser["task"], answer) if profile.parser else parse_answer(answer)
     return pred, best_iou(pred, windows)[0]
 
 
+def parser_entry(profile: Profile) -> dict:
+    """The card's `parser`: the reader's version and rule, and (not compared: the two give the same spans, by
+    test) which code read the answers: lmms-eval's own function where installed, else ours."""
+    if not profile.parser:
+        from vtg.answer import PARSER_RULE, PARSER_VERSION
+        return {"version": PARSER_VERSION, "rule": PARSER_RULE}
+    _, implementation = lmms_parse.reader(profile.parser["task"])
+    return {"version": profile.parser["version"], "rule": profile.parser["rule"], "implementation": implementation}
+
+
+def profile_entry(profile: Profile, cfg: PipelineConfig) -> dict:
+    """The card's `profile`: its name, frames, query template, source and the lmms-eval version it matches."""
+    return {"name": profile.name, "frames": profile.frames, "num_frames": profile.num_frames,
+            "max_frames": cfg.benchmark.max_frames, "max_video_tokens": cfg.benchmark.max_video_tokens,
+            "query_template": profile.query_template, "source": profile.source,
+            "lmms_eval_version": profile.lmms_eval_version}
+
+
 def _card(profile: Profile, model, tokenizer, cfg: PipelineConfig, records_path: str, clips, n: int) -> dict:
-    from vtg.answer import PARSER_RULE, PARSER_VERSION
     from vtg.model.generation import vision_params
     from vtg.model.processing import query_position, timestamp_mode
 
     vision = vision_params(model)
-    parser = ({"version": profile.parser["version"], "rule": profile.parser["rule"]} if profile.parser
-              else {"version": PARSER_VERSION, "rule": PARSER_RULE})
-    card = build_card(
+    return build_card(
         protocol=FULL_VIDEO, split=Path(records_path).name, split_digest=file_digest(records_path),
         data_version=f"records:{file_digest(records_path)[:12]}", queries=n, vision=vision, tokenizer=tokenizer,
         timestamps=timestamp_mode(tokenizer), frames=frame_facts(clips, vision),
         decoding={"strategy": "greedy", "max_new_tokens": profile.max_new_tokens or cfg.benchmark.max_new_tokens},
         thresholds=THRESHOLDS, query_position=query_position(tokenizer),
         intervals={"method": intervals.METHOD, "resamples": cfg.evaluate.bootstrap_resamples,
-                   "confidence": cfg.evaluate.confidence, "seed": intervals.SEED})
-    card["profile"] = {"name": profile.name, "frames": profile.frames, "num_frames": profile.num_frames,
-                       "max_frames": cfg.benchmark.max_frames, "max_video_tokens": cfg.benchmark.max_video_tokens,
-                       "query_template": profile.query_template, "source": profile.source}
-    card["parser"] = parser
-    return card
+                   "confidence": cfg.evaluate.confidence, "seed": intervals.SEED},
+        parser=parser_entry(profile), profile=profile_entry(profile, cfg))
 
 
 def run_benchmark(checkpoint: str | Path, cfg: PipelineConfig) -> dict:
@@ -271,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "Benchmark one checkpoint on whole videos (the benchmark protocol): canonical records from a standard "
         "format (`python -m ingest`), frames over each video's full duration, one answer per query, R@1 at IoU "
         "0.3/0.5/0.7 and mIoU with 95% bootstrap intervals and the harness card. benchmark.profile=full_video "
-        "(the model family's policy and prompt) or lmms_eval_charades (lmms-eval's Charades-STA settings, for "
-        "numbers next to lmms-eval's).")
+        "(the model family's policy and prompt) or lmms_eval_charades (lmms-eval 0.7.3's Charades-STA settings, "
+        "for numbers next to lmms-eval's).")
     parser.add_argument("--checkpoint", required=True,
                         help="checkpoint step dir, pointer file (reports/eval/best.json) or checkpoint root")
     args = parser.parse_args(argv)

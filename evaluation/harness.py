@@ -7,7 +7,8 @@ Charades-STA where its report says 43.6, mostly because it samples 32 uniform fr
 the whole video), the frames the model saw (count, rate, pixels, video tokens), the family and a digest of its
 processor facts, how time was given, the prompt (the text itself and its digest, and the chat template's
 digest), the answer parser's version, the decoding settings, the scoring rule, the interval method, and what
-was scored (split, a digest of its shards, the data version, the number of queries).
+was scored (split, a digest of its shards, the data version, the number of queries). A benchmark's card also
+names its profile, and for an lmms-eval task the lmms-eval version whose answer reading and prompt it matches.
 
 The rule that refuses to rank results measured under different cards (`differences`, `require_comparable`,
 `card_digest`) is in the core, `vtg.harness`: checkpoint selection (`vtg.selection`) applies it.
@@ -66,15 +67,18 @@ def frame_facts(clips: Iterable[tuple[int, int, int, float]], vision) -> dict:
 
 def build_card(*, protocol: str, split: str, split_digest: str, data_version: str | None, queries: int,
                vision, tokenizer, timestamps: str, frames: dict, decoding: dict, thresholds: Sequence[float],
-               intervals: dict, query_position: str = "after") -> dict:
-    """The card of one evaluation (see the module docstring for what each field is)."""
+               intervals: dict, query_position: str = "after", parser: dict | None = None,
+               profile: dict | None = None) -> dict:
+    """The card of one evaluation (see the module docstring for what each field is). `parser`: the answer
+    reader's entry (None: `vtg.answer`'s); `profile`: a benchmark profile's entry, with the lmms-eval version
+    it matches (`evaluation.benchmark.profile_entry`; windowed evaluation has none)."""
     from vtg.answer import PARSER_RULE, PARSER_VERSION
 
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     facts = dataclasses.asdict(vision)
     text = prompt_text(tokenizer, query_position)
-    return {
+    card = {
         "card_version": CARD_VERSION,
         "protocol": protocol,
         "data": {"split": split, "split_digest": split_digest[:16], "data_version": data_version,
@@ -84,9 +88,12 @@ def build_card(*, protocol: str, split: str, split_digest: str, data_version: st
         "model": {"family": vision.family, "processor_digest": digest(facts), "timestamps": timestamps},
         "prompt": {"text": text, "digest": digest(text), "query_position": query_position,
                    "chat_template_digest": digest(getattr(tokenizer, "chat_template", None) or "")},
-        "parser": {"version": PARSER_VERSION, "rule": PARSER_RULE},
+        "parser": parser or {"version": PARSER_VERSION, "rule": PARSER_RULE},
         "decoding": decoding,
         "scoring": {"iou_thresholds": [float(t) for t in thresholds],
                     "several_windows": "best-matching window", "unparsed": "IoU 0"},
         "intervals": intervals,
     }
+    if profile is not None:
+        card["profile"] = profile
+    return card

@@ -254,7 +254,7 @@ def card_lines(card: dict | None) -> list[tuple[str, str]]:
         ("family, processor facts", f"{model['family']}, {model['processor_digest']}; time: {model['timestamps']}"),
         ("prompt, chat template", (f"{prompt['digest']}, {prompt['chat_template_digest']} (query "
                                   f"{prompt['query_position']} the video)")),
-        ("answer parser", f"v{card['parser']['version']}: {card['parser']['rule']}"),
+        ("answer parser", _parser_line(card["parser"])),
         ("decoding", ", ".join(f"{k} {v}" for k, v in card["decoding"].items())),
         ("scoring", (f"R@1 at IoU {card['scoring']['iou_thresholds']}; {card['scoring']['several_windows']}; "
                     f"unparsed: {card['scoring']['unparsed']}")),
@@ -262,6 +262,13 @@ def card_lines(card: dict | None) -> list[tuple[str, str]]:
                       f"{card['intervals']['resamples']} resamples")),
         ("card digest", card_digest(card)),
     ]
+
+
+def _parser_line(parser: dict) -> str:
+    """`v1: rule` for our parser; an lmms-eval reader's version names its release and file, and which code ran."""
+    version = str(parser["version"])
+    line = f"{'v' if version[:1].isdigit() else ''}{version}: {parser['rule']}"
+    return line + (f" (read by {parser['implementation']})" if parser.get("implementation") else "")
 
 
 def _card_html(card: dict | None) -> str:

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 
 from vtg.errors import VTGError
 
-NOT_COMPARED = ("prompt.text",)
-"""Card fields that do not decide comparability (the prompt's digest does)."""
+NOT_COMPARED = ("prompt.text", "parser.implementation")
+"""Card fields that do not decide comparability: the prompt's text (its digest does), which code read the answers
+(lmms-eval's own function or our copy of it: the same spans by test; the parser's version and the profile's
+lmms-eval version do decide)."""
 
 
 class HarnessMismatch(VTGError):
