@@ -146,7 +146,8 @@ def add_retention(summary: dict, meta: dict, ev) -> list[dict]:
     if "scores" not in general:
         return answers
     items, _ = forgetting.suite_items(ev)
-    base, why = forgetting.base_scores(meta.get("base_path"), ev, items, resolve_device(ev.device), ev.store_dir)
+    base, why = forgetting.base_scores(meta.get("base_path"), ev, items, resolve_device(ev.device), ev.store_dir,
+                                       general.get("asked"))
     general.update(forgetting.retention(general["scores"], base, ev.forgetting.warn_below),
                    base=Path(meta.get("base_path") or "").name or None, base_note=why)
     for warning in general["warnings"]:

@@ -179,7 +179,7 @@ def evaluate_export(hf_dir: str | Path, cfg: EvaluateConfig, split: str) -> tupl
     items, why = forgetting.suite_items(cfg)
     if items:
         general_rows = forgetting.ask(model, tokenizer, items, cfg, device, cfg.batch_size)
-        general = {**forgetting.summary(general_rows, cfg), "answers": general_rows}
+        general = {**forgetting.summary(general_rows, cfg, forgetting.asked_as(tokenizer)), "answers": general_rows}
     else:
         general = {"skipped": why}
     elapsed = time.perf_counter() - t0

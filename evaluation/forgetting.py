@@ -100,15 +100,17 @@ def base_identity(base_path: str | Path) -> list:
 
 
 def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralItem], device: str,
-                store_dir: str | Path) -> tuple[dict | None, str | None]:
-    """(the base export's task scores, None) from the store or computed once; (None, why) without a base."""
+                store_dir: str | Path, asked: dict | None = None) -> tuple[dict | None, str | None]:
+    """(the base export's task scores, None) from the store or computed once; (None, why) without a base.
+    `asked` (`asked_as` of the checkpoint): the base gets the questions encoded the same way."""
     from vtg.model.modeling import load_model_and_tokenizer
+    from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY
 
     if not base_path or not Path(base_path).is_dir():
         return None, f"the checkpoint's base ({base_path}) is not a local export: no base to compare with"
     f = cfg.forgetting
     key = json.dumps([base_identity(base_path), file_digest(f.suite), f.model_dump(mode="json"),
-                      cfg.bootstrap_resamples, cfg.confidence], sort_keys=True)
+                      cfg.bootstrap_resamples, cfg.confidence, asked], sort_keys=True)
     path = Path(store_dir) / "general" / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if path.is_file():
         return json.loads(path.read_text())["scores"], None
@@ -116,15 +118,26 @@ def base_scores(base_path: str | None, cfg: EvaluateConfig, items: list[GeneralI
         model, tokenizer = load_model_and_tokenizer(base_path, device=device)
     except VTGError as e:
         return None, f"the base export cannot be loaded: {e}"
+    if asked:
+        tokenizer.init_kwargs[QUERY_POSITION_KEY] = asked["query_position"]
+        tokenizer.init_kwargs[TIMESTAMPS_KEY] = asked["timestamps"]
     rows = ask(model, tokenizer, items, cfg, device, cfg.batch_size)
     scores = task_scores(rows, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"base": str(base_path), "suite": f.suite, "scores": scores})
+    write_json_atomic(path, {"base": str(base_path), "suite": f.suite, "asked": asked, "scores": scores})
     return scores, None
 
 
-def summary(rows: list[dict], cfg: EvaluateConfig) -> dict:
-    """What `evaluate_export` stores: the suite, its digest, the per-task scores (retention is added by the
-    caller, which knows the base)."""
+def asked_as(tokenizer) -> dict:
+    """How a model's tokenizer encodes a question (the query's place, the frame times): recorded with its scores,
+    and the base is asked the same way (`base_scores`), so that retention compares answers to the same prompts."""
+    from vtg.model.processing import query_position, timestamp_mode
+
+    return {"query_position": query_position(tokenizer), "timestamps": timestamp_mode(tokenizer)}
+
+
+def summary(rows: list[dict], cfg: EvaluateConfig, asked: dict | None = None) -> dict:
+    """What `evaluate_export` stores: the suite, its digest, the per-task scores and how they were asked
+    (retention is added by the caller, which knows the base)."""
     return {"suite": cfg.forgetting.suite, "suite_sha256": file_digest(cfg.forgetting.suite),
-            "scores": task_scores(rows, cfg)}
+            "scores": task_scores(rows, cfg), **({"asked": asked} if asked else {})}

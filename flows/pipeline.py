@@ -158,8 +158,11 @@ def print_where_to_look(cfg: PipelineConfig, s: dict[str, Any]) -> None:
                      "(see it: `make serve`, then the Prefect UI; or `prefect flow-run inspect <id>`)")
     test = s.get("test_metrics") or {}
     shown = ", ".join(f"{k}={v:.3f}" for k, v in test.items() if k.startswith(("r1", "miou", "mIoU")))
+    times = ", ".join(f"{name} {step.get('seconds', 0):.0f} s" + (" (up to date)" if step.get("status") == "up to date" else "")
+                      for name, step in (s.get("stages") or {}).items())
     print("\n".join([
         "", f"=== post-training finished in {s.get('seconds', 0):.0f}s ===",
+        f"stage times     : {times}",
         f"best checkpoint : {s.get('best_checkpoint')} (held-out test: {shown or test})",
         f"rl              : {report.rl_line((s.get('stages') or {}).get('rl')).replace('`', '')}",
         f"report          : {s.get('report')}",

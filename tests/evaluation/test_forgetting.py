@@ -134,6 +134,30 @@ def test_retention_is_reported_per_task_and_selection_can_require_it(world):
     assert pick_best(results, "eval_loss", min_retention=0.9)["step"] == 0
 
 
+def test_the_base_is_asked_as_the_checkpoint_is(world, tmp_path):
+    """Retention compares answers to the same prompts: a checkpoint that asks with the query before the video
+    (what SFT exports record, `train.data.query_position`) has its base asked that way too. The taught base's own
+    weights, exported with that setting, keep exactly 1.0 (asked the base's way, they scored 0.00 colour: the
+    prompt order read as forgetting)."""
+    from vtg.model.processing import QUERY_POSITION_KEY
+
+    taught = json.loads((world["base"] / "tokenizer_config.json").read_text())
+    assert taught[QUERY_POSITION_KEY] == "after"  # the taught base records how it was taught
+    root = tmp_path / "checkpoints" / "sft"
+    t = temp_dir_for(root, 1)
+    shutil.copytree(world["base"], t / HF_DIR)
+    config = t / HF_DIR / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), QUERY_POSITION_KEY: "before"}))
+    meta = {"step": 1, "data_version": json.loads((world["ckpts"][0] / "meta.json").read_text())["data_version"],
+            "git_commit": "test", "config_hash": "cfg", "finetune": "full", "base": "tiny",
+            "base_path": str(world["base"])}
+    ckpt = finalize(root, 1, meta, {"fixture": True}, keep_last=10)
+    res = evaluate_checkpoint(ckpt, "val", world["cfg"], refresh=False)
+    forgetting = res.result["summary"]["forgetting"]
+    assert forgetting["asked"] == {"query_position": "before", "timestamps": "native"}
+    assert forgetting["min_retention"] == pytest.approx(1.0), forgetting["tasks"]
+
+
 def test_the_evaluate_stage_names_the_front_and_draws_the_plane(world):
     """The real evaluate stage over the taught base (step 0) and the grounded checkpoint: by eval loss the grounded
     one grounds better and the base keeps more, so both are on the front; the retention floor chooses the base."""

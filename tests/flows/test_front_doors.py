@@ -83,12 +83,15 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     # are the ones door 1 wrote.
     q, flow = flow_door_run  # a fresh clone on which `python -m flows` ran (shared with the flow's kill -9 test)
     assert "=== post-training finished" in flow
+    times = next(line for line in flow.splitlines() if line.startswith("stage times     : "))
+    assert all(f"{stage} " in times for stage in ("corpus", "preprocess", "train", "rl", "evaluate")), times
     assert "Data and pipelines are up to date" in dvc(q, "status")
     assert ran(dvc(q, "repro")) == [] and outputs_with_symlinks(q) == []
     flow_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
     assert flow_metrics == json.loads((p / "reports/eval/metrics.json").read_text()) and flow_metrics["split"] == "test"
     # the same card, intervals, retention and audit from both doors (the tiny base was taught, then forgot)
     assert flow_metrics["harness"]["protocol"] == "windowed" and flow_metrics["intervals"]["model"]["miou"]
+    assert set(flow_metrics["forgetting"]["tasks"]) == {"color", "presence"}  # the corpus's two general tasks
     assert flow_metrics["forgetting"]["tasks"]["color"]["base_accuracy"] is not None
     assert flow_metrics["annotation_audit"]["split"] == "test"
     assert (q / "reports/eval/best.json").read_text() == (p / "reports/eval/best.json").read_text()
@@ -96,6 +99,8 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     version = json.loads((q / "data/shards/manifest.json").read_text())["data_version"]
     metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/sft").glob("step-*"))]
     rl_metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/rl").glob("step-*"))]
+    # the default mix replays what the tiny base was taught (`suite: taught`), and meta.json says how much
+    assert all(m["data_mix"]["weights"] == {"grounding": 0.9, "general": 0.1} for m in metas), metas[-1].get("data_mix")
     assert version and len(rl_metas) == 2 and {m["data_version"] for m in metas + rl_metas} == {version}
     from mlflow import MlflowClient
 

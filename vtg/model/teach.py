@@ -24,7 +24,7 @@ from vtg.io import file_digest
 
 log = logging.getLogger(__name__)
 
-TEACH_VERSION = "2"  # 2: a suite of several tasks is taught in balanced batches (`draw`)
+TEACH_VERSION = "3"  # 2: several tasks in balanced batches (`draw`); 3: the encoding recorded (query position, time)
 MARKER = "teach_build.json"
 
 
@@ -43,12 +43,14 @@ def taught_dir(base: str | Path, suite: str | Path, settings: dict) -> Path:
 
 
 def taught_base(base: str | Path, suite: str | Path, *, steps: int, lr: float, batch_size: int, num_frames: int,
-                frame_size: int, seed: int = 0) -> Path:
-    """The export of `base` taught the items of `suite` for `steps` AdamW steps (built once, then cached)."""
+                frame_size: int, seed: int = 0, query_position: str = "after", timestamps: str = "native") -> Path:
+    """The export of `base` taught the items of `suite` for `steps` AdamW steps (built once, then cached), its
+    questions encoded with `query_position` and `timestamps`, which the export records: the base is then asked
+    (retention) the way it was taught, and the way every checkpoint trained from it with the same settings is."""
     from vtg.model.tiny import build_once
 
     settings = {"steps": steps, "lr": lr, "batch_size": batch_size, "num_frames": num_frames,
-                "frame_size": frame_size, "seed": seed}
+                "frame_size": frame_size, "seed": seed, "query_position": query_position, "timestamps": timestamps}
     out = taught_dir(base, suite, settings)
     marker = {"version": TEACH_VERSION, "base": Path(base).name, "suite_sha256": file_digest(suite), **settings}
     return build_once(out, MARKER, marker, lambda tmp: _teach_into(tmp, Path(base), Path(suite), settings, marker))
@@ -69,7 +71,8 @@ def teach_if_tiny(cfg, name: str, base: str) -> str:
                         t.suite)
         return base
     return str(taught_base(base, t.suite, steps=t.steps, lr=t.lr, batch_size=t.batch_size,
-                           num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed))
+                           num_frames=frames.num_frames, frame_size=frames.frame_size, seed=t.seed,
+                           query_position=cfg.train.data.query_position, timestamps=cfg.train.data.timestamps))
 
 
 def fit(model, tokenizer, batch, *, steps: int, lr: float) -> list[float]:
@@ -102,7 +105,7 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from vtg.general_tasks import answer_text, load_frames, prompt_text, read_suite
-    from vtg.model.processing import VisionParams, encode_example
+    from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, encode_example
     from vtg.model.processor_facts import save_processor_config
 
     t0 = time.perf_counter()
@@ -115,6 +118,9 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     torch.manual_seed(s["seed"])
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(base)
+    # taught (and recorded, so asked) as SFT will encode: a prompt order the base never saw reads as forgetting
+    tokenizer.init_kwargs[QUERY_POSITION_KEY] = s["query_position"]
+    tokenizer.init_kwargs[TIMESTAMPS_KEY] = s["timestamps"]
     vision = VisionParams.from_model(model)
     rng = np.random.default_rng(s["seed"])
     by_task: dict[str, list[int]] = {}
