@@ -153,6 +153,13 @@ class SFTModule(TrainModule):
         self.state = RunState()
 
     def run_key(self) -> str:
+        """`train_hash`, and for a base built here (a tiny base, taught or not) its build's identity: the cache
+        directory's name carries the builder's and the teaching's versions, suite and settings, so a changed
+        taught base starts a new trajectory instead of resuming one trained from the old base."""
+        from vtg.model.tiny import tiny_family
+
+        if tiny_family(self.tcfg.model.base):
+            return view_hash({"train": train_hash(self.cfg), "base": Path(self.base_path).name})
         return train_hash(self.cfg)
 
     def state_dict(self) -> dict:

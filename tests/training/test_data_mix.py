@@ -202,3 +202,21 @@ def test_a_mixed_run_resumes_bit_exact_at_world_size_2(shards_dir, suite, tmp_pa
     assert r["data_mix"] == s["data_mix"]
     loss = [line for line in (tmp_path / "a_loss.csv").read_text().splitlines()]
     assert [line for line in (tmp_path / "b_loss.csv").read_text().splitlines()] == loss
+
+
+def test_a_changed_taught_base_starts_a_new_trajectory(shards_dir, suite, tmp_path, monkeypatch):
+    """The SFT run key covers the build of a tiny base (the taught base's cache name: teaching version, suite,
+    settings): the same base resumes, a changed one moves the old root aside instead of resuming from weights
+    trained on the old base (seen when the teaching changed under a finished run)."""
+    import vtg.model.teach as teach
+
+    common = [f"train.teach.suite={suite}", "train.teach.steps=2", "train.data.mix=[]"]
+    train(train_config(shards_dir, tmp_path / "ck", *common, "train.max_steps=2"))
+    key = read_checkpoint_meta(tmp_path / "ck" / "latest")["train_hash"]
+    train(train_config(shards_dir, tmp_path / "ck", *common, "train.max_steps=4"))  # the same base: resumes
+    assert read_checkpoint_meta(tmp_path / "ck" / "latest")["train_hash"] == key
+    assert not list(tmp_path.glob("ck-superseded-*"))
+    monkeypatch.setattr(teach, "TEACH_VERSION", "changed")
+    train(train_config(shards_dir, tmp_path / "ck", *common, "train.max_steps=4"))
+    assert read_checkpoint_meta(tmp_path / "ck" / "latest")["train_hash"] != key
+    assert len(list(tmp_path.glob("ck-superseded-*"))) == 1
