@@ -208,7 +208,7 @@ def test_a_changed_taught_base_starts_a_new_trajectory(shards_dir, suite, tmp_pa
     """The SFT run key covers the build of a tiny base (the taught base's cache name: teaching version, suite,
     settings): the same base resumes, a changed one moves the old root aside instead of resuming from weights
     trained on the old base (seen when the teaching changed under a finished run)."""
-    import vtg.model.teach as teach
+    from vtg.model import teach
 
     common = [f"train.teach.suite={suite}", "train.teach.steps=2", "train.data.mix=[]"]
     train(train_config(shards_dir, tmp_path / "ck", *common, "train.max_steps=2"))
