@@ -34,7 +34,14 @@ def suite_items(cfg: EvaluateConfig) -> tuple[list[GeneralItem] | None, str | No
     if not Path(f.suite).is_file():
         return None, f"no general-task suite at {f.suite}"
     items = read_suite(f.suite)
-    return (items[: f.max_items] if f.max_items else items), None
+    if f.max_items:  # the first N of each task, so that a shortened suite still asks every task
+        kept, seen = [], defaultdict(int)
+        for item in items:
+            seen[item.task] += 1
+            if seen[item.task] <= f.max_items:
+                kept.append(item)
+        items = kept
+    return items, None
 
 
 def ask(model, tokenizer, items: list[GeneralItem], cfg: EvaluateConfig, device, batch_size: int) -> list[dict]:

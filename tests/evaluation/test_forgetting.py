@@ -183,6 +183,17 @@ def test_the_evaluate_stage_names_the_front_and_draws_the_plane(world):
     assert "sft/step-000000 (chosen)" in (out / "summary.md").read_text()
 
 
+def test_max_items_keeps_the_first_items_of_every_task(world):
+    from evaluation.forgetting import suite_items
+
+    cfg = world["cfg"].evaluate
+    short = cfg.model_copy(update={"forgetting": cfg.forgetting.model_copy(update={"max_items": 3})})
+    items, why = suite_items(short)
+    everything = read_suite(world["suite"] / EVAL_ALL_FILE)
+    assert why is None and [i.id for i in items] == ([i.id for i in everything if i.task == "color"][:3]
+                                                      + [i.id for i in everything if i.task == "presence"][:3])
+
+
 def test_bad_suite_lines_are_errors_that_name_the_line(tmp_path):
     path = tmp_path / "suite.jsonl"
     good = {"id": "a", "task": "t", "image": "x.png", "question": "q?", "answer": "yes", "choices": ["yes", "no"]}

@@ -22,7 +22,7 @@ class ForgettingConfig(Section):
     max_new_tokens: int = Field(8, ge=1)
     """Generated tokens per answer."""
     max_items: int = Field(0, ge=0)
-    """Ask only the first N items (0: all)."""
+    """Ask only the first N items of each task (0: all)."""
     warn_below: float = Field(0.9, ge=0)
     """Warn (log, MLflow tag, report) when a task's retention falls below this."""
     min_for_selection: float = Field(0.9, ge=0)
