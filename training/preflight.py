@@ -343,11 +343,12 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
             + (f" (or {alt})" if alt else ""))
         report.fix.append(f"train.data.max_seq_len={fit}")
     general = None
-    if any(m.suite for m in t.mix_sources()):
+    mix = t.mix_sources()
+    if any(m.suite for m in mix):
         from training.data import longest_general
 
         frames = (cfg.evaluate.forgetting.num_frames, cfg.evaluate.forgetting.frame_size)
-        general = longest_general(t.mix_sources(), frames, tokenizer, vision)
+        general = longest_general(mix, frames, tokenizer, vision)
     if general and general[0] > t.data.max_seq_len:  # the replayed general items are examples too
         report.problems.append(f"the longest general-task item of train.data.mix ({general[1]}) is {general[0]:,} "
                                f"tokens > train.data.max_seq_len={t.data.max_seq_len}: set train.data.max_seq_len="
