@@ -18,6 +18,10 @@ from vtg.net import OWN_PORT, free_port
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+UNUSED_DS_OPS = ("deepspeed_shm_comm",)
+"""DeepSpeed JIT ops never built: the CPU shared-memory all-reduce serves only `inference_all_reduce`
+(deepspeed/comm/torch.py), which training never calls (its all-reduces go through torch.distributed), and building
+it cost 57 s of a fresh clone's `make run` (issue 40)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,10 @@ def init_distributed(strategy: str = "deepspeed") -> DistInfo:
         try:
             if strategy == "deepspeed":
                 import deepspeed
+                import deepspeed.ops
 
+                for name in UNUSED_DS_OPS:  # read by the comm backend before it builds the op (build_shm_op)
+                    deepspeed.ops.__compatible_ops__[name] = False
                 deepspeed.init_distributed(dist_backend=backend, verbose=False)
             else:
                 torch_dist.init_process_group(backend=backend)

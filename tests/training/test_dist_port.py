@@ -37,3 +37,27 @@ def test_a_taken_port_is_replaced_for_a_single_process(tmp_path):
         r = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120,
                            check=False)
         assert r.returncode != 0 and "EADDRINUSE" in r.stderr
+
+
+DS_CODE = """
+import os
+from training.dist import init_distributed
+info = init_distributed("deepspeed")
+import deepspeed.comm as dist
+print("world", info.world_size, "backend", info.backend, "ds", dist.is_initialized())
+"""
+
+
+def test_deepspeed_comm_starts_without_building_its_unused_shm_op(tmp_path):
+    """DeepSpeed's comm backend JIT-builds its shared-memory all-reduce on a fresh machine (57 s of a fresh clone's
+    `make run`), an op only `inference_all_reduce` uses. `training.dist` marks it unused: the process group starts
+    and nothing is compiled into an empty extension cache (without the mark, `deepspeed_shm_comm` appears there)."""
+    cache = tmp_path / "torch_extensions"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(REPO), TORCH_EXTENSIONS_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", DS_CODE], env=env, capture_output=True, text=True, timeout=300,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1].split() == ["world", "1", "backend", "gloo", "ds", "True"], r.stdout
+    built = sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+    assert "deepspeed_shm_comm" not in built, built
