@@ -4,7 +4,12 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.8
+# What was installed: the project's dependencies and the versions they were locked at (constraints.txt).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+# Where pip finds the CPU torch wheel on this machine (its find-links); uv is pointed at the same place.
+TORCH_FIND_LINKS ?= $(shell pip config get global.find-links 2>/dev/null)
 
 # One thread per process: 2 cores here, and DeepSpeed ranks oversubscribe without it (docs/environment.md).
 export OMP_NUM_THREADS ?= 1
@@ -19,22 +24,34 @@ export PYTHONUNBUFFERED := 1
 # The venv's bin first: one ninja builds DeepSpeed's JIT ops for every process (docs/environment.md).
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test test-heavy test-fast lint bench clean serve dry-run gpu-wheels gpu-check
+.PHONY: setup lock run test test-heavy test-fast lint bench clean serve dry-run gpu-wheels gpu-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	# uv installs (pip took 4 min 30 s for the same set on 2 cores, uv about 40 s; docs/environment.md).
+	test -x $(UV) || $(PIP) install -q "uv==$(UV_VERSION)"
 	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (docs/gpu.md).
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev]"
+	$(UV) pip install --python $(PY) -q $(addprefix --find-links ,$(TORCH_FIND_LINKS)) "torch==2.13.0"
+	# Everything else at the versions constraints.txt locks (resolved once, not at every setup).
+	$(UV) pip install --python $(PY) -q -c constraints.txt -e ".[dev]"
 	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).
-	$(PIP) install -q --no-deps "scenedetect==0.7.2"
+	$(UV) pip install --python $(PY) -q --no-deps "scenedetect==0.7.2"
 	# lmms-eval for the parity test of our readers of its answers (tests/evaluation/test_lmms_parity.py), without its
 	# dependencies (large, and they clash with ours): the test loads its task files by path, never the package.
-	$(PIP) install -q --no-deps "lmms-eval==0.7.3"
+	$(UV) pip install --python $(PY) -q --no-deps "lmms-eval==0.7.3"
 	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
 	rm -f $(VENV)/.installed-*; touch $@
+
+# Re-lock the dependency versions (constraints.txt) after pyproject.toml's dependencies change; commit the file.
+lock:
+	test -x $(UV) || { test -x $(PY) || python3.11 -m venv $(VENV); $(PIP) install -q "uv==$(UV_VERSION)"; }
+	$(UV) pip compile -q pyproject.toml --extra dev $(addprefix --find-links ,$(TORCH_FIND_LINKS)) \
+	  -c <(echo "torch==2.13.0") --python-version 3.11 --no-annotate --custom-compile-command "make lock" \
+	  -o constraints.txt
+	# torch is not locked: the CPU wheel is installed first, and a GPU user's CUDA torch must stay (docs/gpu.md).
+	sed -i '/^torch==/d' constraints.txt
 
 # The whole pipeline on the embedded default (Prefect's ephemeral API, SQLite MLflow, local DVC remote).
 run: setup
