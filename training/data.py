@@ -436,17 +436,25 @@ class ShardStream(torch.utils.data.IterableDataset):
         # worker (w + k) mod W, and skips the batches that logical worker already delivered.
         logical = (worker + s.skip_batches) % num_workers
         skip = max(0, -(-(s.skip_batches - logical) // num_workers))
+        order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged
+        return islice(self.batches(self.examples(errors, rank, logical, num_workers), order), skip, None)
+
+    def examples(self, errors: ErrorLog, rank: int, logical: int, num_workers: int) -> Iterator[dict]:
+        """One logical worker's raw examples as batching takes them: grounding (or `mix`ed), then shuffled."""
+        s = self.spec
         examples = (self.mixed(errors, rank, logical, num_workers) if s.mix else
                     self.grounding(errors, rank, logical, num_workers))
         rng = random.Random(s.seed * 1_000_003 + rank * 1_009 + logical)
-        examples = wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
-        order = random.Random(f"batches:{s.seed}:{rank}:{logical}")  # its own stream: the shuffle's is unchanged
+        return wds.shuffle(s.shuffle_buffer, initial=s.shuffle_buffer, rng=rng)(examples)
+
+    def batches(self, examples: Iterator[dict], order: random.Random) -> Iterator[list[dict]]:
+        """Raw examples -> raw batches: packed (`packing`) or by token budget and length groups; `order` draws the
+        order of a pool's batches."""
+        s = self.spec
         if s.packing:
-            batches = packed_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, s.pack_length,
-                                     s.one_row, order)
-        else:
-            batches = length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
-        return islice(batches, skip, None)
+            return packed_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, s.pack_length,
+                                  s.one_row, order)
+        return length_grouped_batches(examples, s.micro_batch_size, s.token_budget, s.length_groups, order)
 
     def grounding(self, errors: ErrorLog, rank: int, logical: int, num_workers: int,
                   sources: tuple[str, ...] = (), name: str | None = None) -> Iterator[dict]:
@@ -526,8 +534,12 @@ def resolve_urls(shards: str | list[str], split: str) -> list[str]:
 def make_loader(spec: StreamSpec, tokenizer, vision: VisionParams, num_workers: int,
                 prefetch_factor: int) -> torch.utils.data.DataLoader:
     kw = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
+    # Every iterator of a DataLoader draws its base seed from `generator`, by default the global torch RNG: a resumed
+    # run, which restores that RNG and then builds its loader, would be one draw ahead of the uninterrupted run
+    # (dropout and sampling would differ). The stream's own randomness is seeded apart, so its own generator.
     return torch.utils.data.DataLoader(ShardStream(spec, tokenizer, vision), batch_size=None,
-                                       num_workers=num_workers, worker_init_fn=_worker_init, **kw)
+                                       num_workers=num_workers, worker_init_fn=_worker_init,
+                                       generator=torch.Generator().manual_seed(spec.seed), **kw)
 
 
 def _worker_init(worker_id: int) -> None:

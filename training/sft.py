@@ -31,8 +31,10 @@ from training.dist import (
     all_reduce_max,
     all_reduce_sum,
     broadcast,
+    rng_state,
     seed_everything,
     set_determinism,
+    set_rng_state,
 )
 from training.engine import EngineSettings, build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
@@ -99,7 +101,9 @@ def build_model(cfg: PipelineConfig, device: torch.device):
     taught `train.teach`'s general task), its tokenizer told how examples are encoded (every export records it),
     and the resolved base path."""
     tcfg = cfg.train
+    seeded = rng_state()  # building or teaching a tiny base reseeds torch; a base from the cache does not
     base = teach_if_tiny(cfg, tcfg.model.base, resolve_base(tcfg.model.base))
+    set_rng_state(seeded)  # so the run's RNGs go on as `train.seed` left them either way (exact resume)
     try:
         model, tokenizer = load_model_and_tokenizer(base, device=device, dtype=torch_dtype(cfg.engine.precision),
                                                     attn_implementation=tcfg.model.attn_implementation,
