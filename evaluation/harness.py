@@ -40,7 +40,7 @@ def prompt_text(tokenizer, position: str = "after") -> str:
     return text.replace(QUERY_SLOT, "{query}")
 
 
-def _spread(values: Sequence[float], digits: int = 3) -> dict:
+def spread(values: Sequence[float], digits: int = 3) -> dict:
     if not values:
         return {}
     return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
@@ -61,8 +61,8 @@ def frame_facts(clips: Iterable[tuple[int, int, int, float]], vision) -> dict:
         fps.append(n / seconds if seconds > 0 else 0.0)
         pixels.append(rh * rw)
         tokens.append(video_tokens(n, h, w, g))
-    return {"per_query": _spread(frames, 0), "fps": _spread(fps), "model_pixels_per_frame": _spread(pixels, 0),
-            "video_tokens": _spread(tokens, 0)}
+    return {"per_query": spread(frames, 0), "fps": spread(fps), "model_pixels_per_frame": spread(pixels, 0),
+            "video_tokens": spread(tokens, 0)}
 
 
 def build_card(*, protocol: str, split: str, split_digest: str, data_version: str | None, queries: int,

@@ -8,7 +8,7 @@ from pathlib import Path
 from ingest.items import lines
 from vtg.errors import VTGError
 
-FORMATS = ("charades", "qvhighlights", "activitynet", "jsonl")
+FORMATS = ("charades", "qvhighlights", "activitynet", "timelens", "jsonl")
 ANNOTATION_EXTENSIONS = (".txt", ".json", ".jsonl")
 _HINT = "set ingest.format to one of " + ", ".join(FORMATS)
 
@@ -37,9 +37,20 @@ def detect_format(path: Path, text: str) -> str:
             if "windows" in obj or "video_id" in obj:
                 return "jsonl"
         if ext == ".json" and text.lstrip().startswith("{"):
-            return "activitynet"
+            return "timelens" if _timelens(text) else "activitynet"
     raise VTGError(f"{path}: cannot tell the annotation format (Charades .txt with `##`, QVHighlights .jsonl, "
-                   f"ActivityNet .json, native .jsonl); {_HINT}")
+                   f"ActivityNet .json, TimeLens-Bench .json, native .jsonl); {_HINT}")
+
+
+def _timelens(text: str) -> bool:
+    """A .json object whose first video entry has TimeLens-Bench's `spans` and `queries` (ActivityNet's has
+    `timestamps` and `sentences`); JSON that does not parse is left to the ActivityNet reader's dead letter."""
+    from ingest.formats.timelens import looks_like
+
+    try:
+        return looks_like(json.loads(text))
+    except ValueError:
+        return False
 
 
 def expand_annotation_paths(paths: list[str]) -> list[Path]:

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterator
 
-from ingest.formats import activitynet, charades, native, qvhighlights
+from ingest.formats import activitynet, charades, native, qvhighlights, timelens
 from ingest.items import Parsed
 
 Reader = Callable[[str, str], Iterator[Parsed]]
@@ -11,6 +11,7 @@ READERS: dict[str, Reader] = {
     "charades": charades.parse,
     "qvhighlights": qvhighlights.parse,
     "activitynet": activitynet.parse,
+    "timelens": timelens.parse,
     "jsonl": native.parse,
 }
 

@@ -251,7 +251,40 @@ def test_best_rl_is_compared_even_when_sft_is_the_overall_best(data):
     c = out["comparison"]
     assert c["rl"]["checkpoint"] == "rl/step-000001" and not c["rl"]["overall_best"]
     assert c["sft"]["checkpoint"] == "sft/step-000100" and c["overall"]["delta"]["miou"] < 0
-    assert json.loads((Path(cfg.evaluate.out_dir) / "metrics.json").read_text())["checkpoint"] == "sft/step-000100"
+    metrics = json.loads((Path(cfg.evaluate.out_dir) / "metrics.json").read_text())
+    assert metrics["checkpoint"] == "sft/step-000100"
+    _check_paired_interval(cfg, metrics["comparison"], (Path(cfg.evaluate.out_dir) / "summary.md").read_text())
+
+
+def _check_paired_interval(cfg, c: dict, summary: str) -> None:
+    """The SFT -> RL interval the report promises, recomputed from the two stored test predictions: the queries
+    paired by key, the per-query differences resampled with the interval module's seed, the percentile bounds."""
+    import numpy as np
+
+    from evaluation import intervals, store
+    from evaluation.intervals import format_delta
+
+    ev = cfg.evaluate
+    entries = {json.loads((e / "metrics.json").read_text())["checkpoint_name"]: e
+               for e in (Path(ev.store_dir) / "test").iterdir()}
+    sft = {p["key"]: p["iou"] for p in store.load_predictions(entries[c["sft"]["checkpoint"]])}
+    rl = {p["key"]: p["iou"] for p in store.load_predictions(entries[c["rl"]["checkpoint"]])}
+    keys = sorted(sft)
+    assert sorted(rl) == keys and any(sft[k] != rl[k] for k in keys)  # the same queries, answered differently
+    a, b = np.array([sft[k] for k in keys]), np.array([rl[k] for k in keys])
+    index = np.random.default_rng(intervals.SEED).integers(0, len(keys), size=(ev.bootstrap_resamples, len(keys)))
+    low, high = (1 - ev.confidence) / 2, (1 + ev.confidence) / 2
+    for metric, t in [("miou", None), *((f"r1@{t}", t) for t in ev.iou_thresholds)]:
+        diff = b - a if t is None else (b >= t).astype(float) - (a >= t).astype(float)
+        lo, hi = np.quantile(diff[index].mean(axis=1), [low, high])
+        got = c["overall"]["delta_ci"][metric]
+        assert got["delta"] == pytest.approx(diff.mean()) == pytest.approx(c["overall"]["delta"][metric])
+        assert got["ci"] == pytest.approx([lo, hi]) and got["excludes_zero"] == bool(lo > 0 or hi < 0), metric
+        assert format_delta(got) in summary, metric  # the interval the report prints is this one
+    assert c["overall"]["delta_ci"]["miou"]["ci"] != [0.0, 0.0]  # a real interval, not a tie's
+    for group in c["by_query_type"].values():  # every type's interval brackets its own difference
+        for m, entry in group["delta_ci"].items():
+            assert entry["ci"][0] <= entry["delta"] <= entry["ci"][1], m
 
 
 def test_an_rl_checkpoint_belongs_to_the_run_of_its_parent(tmp_path):

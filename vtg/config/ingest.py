@@ -14,8 +14,9 @@ class IngestConfig(Section):
     terms of use and the roots its annotation files and videos live under (`vtg.sources`). An annotation file under
     no root is refused; records carry the source id and licence, and paths relative to the root."""
     annotations: list[str] = Field(default_factory=lambda: ["data/raw/synthetic/annotations"], min_length=1)
-    """Annotation files or directories of them (Charades-STA .txt, QVHighlights .jsonl, ActivityNet .json, native .jsonl)."""
-    format: Literal["auto", "charades", "qvhighlights", "activitynet", "jsonl"] = "auto"
+    """Annotation files or directories of them (Charades-STA .txt, QVHighlights .jsonl, ActivityNet .json,
+    TimeLens-Bench .json, native .jsonl)."""
+    format: Literal["auto", "charades", "qvhighlights", "activitynet", "timelens", "jsonl"] = "auto"
     """Annotation format; `auto` decides by extension and content."""
     video_root: str = "data/raw/synthetic/videos"
     """Directory searched (recursively) for `<video_id>.{mp4,avi,mkv,webm,mov}`; every record's video (after resolving symlinks) must lie inside it or an `extra_video_roots` directory, else it is dead-lettered `path_outside_root`."""
