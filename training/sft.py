@@ -42,7 +42,6 @@ from training.metrics import PerfMonitor, model_flops, vision_patches
 from training.preflight import check_before_training
 from training.sanity import (
     SanityError,
-    check_data_version,
     check_examples,
     check_model,
     check_shards_manifest,
@@ -197,7 +196,6 @@ class SFTModule(TrainModule):
         check_examples(examples, errors, self.tokenizer, vision_ids, self.tcfg.data.max_seq_len)
         check_model(self.model, self.tcfg.model.finetune, self.tcfg.model.freeze_vision, self.trainable,
                     self.total)
-        check_data_version(self.data_version)
 
     # ---- checkpointing -------------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
