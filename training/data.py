@@ -173,6 +173,12 @@ def _image_size(jpeg: bytes) -> tuple[int, int]:
         return im.height, im.width
 
 
+BAD_RUN_LIMIT = 1000
+"""Skipped samples (or queries) in a row after which the stream stops with an error: past this, the data is broken,
+not noisy, and a stream that resamples would otherwise spin on it forever without a step (the sanity check before
+step 1 sees only the first shards)."""
+
+
 class Expander:
     """Grouped tar members -> one raw example per query (frames stay JPEG bytes until the batch is decoded), with
     its exact token count (`n_tokens`: the text side of `encode_example`, `example_ids`, on the grid the frames will
@@ -180,6 +186,16 @@ class Expander:
 
     def __init__(self, tokenizer, vision: VisionParams, errors: ErrorLog):
         self.tokenizer, self.vision, self.errors = tokenizer, vision, errors
+        self.bad_run = 0
+        """Samples in a row without one example (`BAD_RUN_LIMIT`)."""
+
+    def _bad(self, reason: str, where: str) -> None:
+        self.errors.add(reason, where)
+        self.bad_run += 1
+        if self.bad_run >= BAD_RUN_LIMIT:
+            raise VTGError(f"{self.bad_run} training samples in a row gave no example (last: {reason} at {where}): "
+                           "the shards past this point are broken; re-run preprocess (python -m "
+                           "beam_jobs.preprocess) or restore them (`dvc checkout`)")
 
     def __call__(self, samples: Iterator[dict]) -> Iterator[dict]:
         for s in samples:
@@ -191,13 +207,19 @@ class Expander:
                     raise ValueError(f"{len(meta.frame_timestamps)} timestamps for {meta.num_frames} frames")
                 h, w = _image_size(jpegs[0])
             except Exception as e:  # noqa: BLE001 - any malformed sample is skipped and counted, never fatal
-                self.errors.add(f"bad_sample: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                                f"{s.get('__url__', '')}:{key}")
+                self._bad(f"bad_sample: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                          f"{s.get('__url__', '')}:{key}")
                 continue
             grid = video_grid(meta.num_frames, h, w, self.vision)
             for qi, q in enumerate(meta.queries):
-                prompt, answer, _, _ = example_ids(self.tokenizer, grid, meta.frame_timestamps, q.text,
-                                                   answer_text(q.windows), self.vision)
+                try:  # one bad query (no window, say) is skipped and counted; its video's other queries train
+                    prompt, answer, _, _ = example_ids(self.tokenizer, grid, meta.frame_timestamps, q.text,
+                                                       answer_text(q.windows), self.vision)
+                except Exception as e:  # noqa: BLE001
+                    self._bad(f"bad_query: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}",
+                              f"{s.get('__url__', '')}:{key}#{qi}")
+                    continue
+                self.bad_run = 0
                 yield {"key": f"{meta.key}#{qi}", "jpegs": jpegs, "timestamps": meta.frame_timestamps,
                        "query": q.text, "windows": q.windows, "n_tokens": len(prompt) + len(answer),
                        "auto": is_auto(q.source), "source": q.source or meta.source}

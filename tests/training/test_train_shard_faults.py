@@ -110,6 +110,58 @@ def test_read_error_mid_run_is_one_report_per_shard_pass_with_what_was_lost(shar
     assert 1 <= len(errors) <= passes + 1  # once per shard per pass
 
 
+def _hand_written_shard(root: Path, samples) -> tuple[str, ...]:
+    from vtg import shards
+
+    path = root / "train" / (shards.SHARD_PATTERN % 0)
+    shards.write_shard(path, samples)
+    return (str(path),)
+
+
+def test_a_query_without_a_window_is_skipped_and_counted_and_the_rest_of_its_window_trains(tiny_tokenizer, tmp_path):
+    """A hand-written shard whose query has no ground-truth window (`windows: []`, which the shard contract admits):
+    that query is reported as bad data (`bad_query`, with its key) and skipped; the window's other query and every
+    other window train. (Before: a bare IndexError from the answer text stopped the run.)"""
+    import numpy as np
+    from support.train_fixtures import synthetic_window
+
+    rng = np.random.default_rng(0)
+    samples = [synthetic_window(rng, f"trainvid{i:03d}-0000", "train") for i in range(4)]
+    samples[1][0].queries[0].windows = []
+    urls = _hand_written_shard(tmp_path / "shards", samples)
+    spec = StreamSpec(urls=urls, seed=3, micro_batch_size=4, shuffle_buffer=0, resampled=False)
+    batches = list(make_loader(spec, tiny_tokenizer, VisionParams(), 0, 2))
+    errors = [e for b in batches for e in b["data_errors"]]
+    keys = sorted(k for b in batches for k in b["keys"])
+    assert len(errors) == 1 and errors[0][0].startswith("bad_query: IndexError")
+    assert errors[0][1].endswith(":trainvid001-0000#0")
+    assert "trainvid001-0000#1" in keys and "trainvid001-0000#0" not in keys and len(keys) == 7
+
+
+def test_a_stream_that_gives_no_example_stops_with_an_error_instead_of_spinning(tiny_tokenizer, tmp_path,
+                                                                              monkeypatch):
+    """Shards whose every sample is broken (frames that are not JPEG), read by a stream that resamples (the default):
+    before, the loader skipped them forever and training never took a step; now `BAD_RUN_LIMIT` samples in a row
+    without an example stop it with one error that names the last bad sample and what to do."""
+    import numpy as np
+    from support.train_fixtures import synthetic_window
+
+    from training import data
+
+    monkeypatch.setattr(data, "BAD_RUN_LIMIT", 12)
+    rng = np.random.default_rng(0)
+    raw = np.full((56, 56, 3), 128, np.uint8).tobytes()
+    samples = []
+    for i in range(4):
+        meta, _ = synthetic_window(rng, f"trainvid{i:03d}-0000", "train")
+        samples.append((meta, [raw] * meta.num_frames))
+    urls = _hand_written_shard(tmp_path / "shards", samples)
+    spec = StreamSpec(urls=urls, seed=3, micro_batch_size=4, shuffle_buffer=0, resampled=True)
+    with pytest.raises(VTGError, match=r"^12 training samples in a row gave no example \(last: bad_sample: .*"
+                                       r"trainvid00\d-0000\): the shards past this point are broken; re-run preprocess"):
+        next(iter(make_loader(spec, tiny_tokenizer, VisionParams(), 0, 2)))
+
+
 HOLDER = textwrap.dedent("""
     import sys, time
     from vtg.checkpoints import lock_checkpoint_root
