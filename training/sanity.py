@@ -55,6 +55,23 @@ def check_tokenizer(tokenizer) -> None:
                           f"{DEFAULT.tokenizer.pad_token})")
 
 
+def check_vocabulary(tokenizer, model) -> None:
+    """Every token id the tokenizer can produce has a row in the model's embedding: a special token named in
+    tokenizer_config.json that is not in the vocabulary (`</s>` on a Qwen export) is added past the end, and would
+    index outside the embedding at the first answer."""
+    rows = model.get_input_embeddings().num_embeddings
+    for name in ("eos_token", "pad_token"):
+        token, token_id = getattr(tokenizer, name, None), getattr(tokenizer, f"{name}_id", None)
+        if token_id is not None and token_id >= rows:
+            raise SanityError(f"the tokenizer's {name.removesuffix('_token')} token {token!r} has id {token_id}, but the "
+                              f"model's embedding has {rows} rows: it is not one of the model's tokens (added past "
+                              f"the vocabulary); set `{name}` in the export's tokenizer_config.json to a token the "
+                              f"model has (the Qwen families': {getattr(DEFAULT.tokenizer, name)})")
+    if len(tokenizer) > rows:
+        raise SanityError(f"the tokenizer has {len(tokenizer)} tokens, the model's embedding {rows} rows: ids past "
+                          f"{rows - 1} would index outside it; use the tokenizer exported with this model")
+
+
 def check_examples(examples: list[dict], errors: list[tuple[str, str]], tokenizer, vision_token_ids: set[int],
                    max_seq_len: int) -> None:
     """The first examples decode within max_seq_len (the encoder refuses a longer one, `errors` says so), and each

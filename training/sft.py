@@ -46,6 +46,7 @@ from training.sanity import (
     check_model,
     check_shards_manifest,
     check_tokenizer,
+    check_vocabulary,
 )
 from training.trainer import Trainer, TrainModule, run_module
 from vtg.config import PipelineConfig
@@ -189,6 +190,7 @@ class SFTModule(TrainModule):
 
     def sanity_checks(self) -> None:
         check_tokenizer(self.tokenizer)
+        check_vocabulary(self.tokenizer, self.model)
         vision_ids = {self.model.config.video_token_id, self.model.config.image_token_id,
                       self.model.config.vision_start_token_id, self.model.config.vision_end_token_id}
         examples, errors = read_examples(self.urls, self.tokenizer, self.vision, self.tcfg.data.sanity_examples,

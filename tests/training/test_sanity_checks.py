@@ -91,6 +91,15 @@ def test_an_export_without_a_pad_token_is_refused(shards_dir, tiny_model_dir, tm
     assert "<|endoftext|>" in message
 
 
+def test_an_eos_token_the_model_does_not_have_is_refused(shards_dir, tiny_model_dir, tmp_path):
+    """`eos_token: "</s>"` (another family's eos) in a Qwen export's tokenizer_config.json: the tokenizer adds it past
+    the vocabulary, an id with no embedding row, which every answer would end with."""
+    base = _edited_export(tiny_model_dir, tmp_path / "foreign_eos", config={"eos_token": "</s>"})
+    message = _refusal(shards_dir, tmp_path / "ck", f"train.model.base={base}")
+    assert message.startswith("the tokenizer's eos token '</s>' has id ")
+    assert "it is not one of the model's tokens" in message and "set `eos_token`" in message and "<|im_end|>" in message
+
+
 # ---- the first examples --------------------------------------------------------------------------------------
 def test_a_pad_token_that_is_the_eos_puts_pad_ids_in_the_labels(shards_dir, tiny_model_dir, tmp_path):
     """The common `tokenizer.pad_token = tokenizer.eos_token`, saved: every answer's last label is the pad id."""
