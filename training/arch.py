@@ -80,6 +80,13 @@ class Arch:
         mm = w * self.merge_size ** 2
         return float(text + self.vision_param_count()), float(max(V * h, h * i, mm * mm, 3 * tp * p * p * w))
 
+    def quantized_count(self) -> tuple[float, int]:
+        """(elements, tensors) of the weights a 4-bit (QLoRA) load quantises: `vtg.model.quant`'s rule, which is
+        transformers', applied to a meta-device instance."""
+        from vtg.model.quant import meta_quantized_weights
+
+        return meta_quantized_weights(self.model_type, self.text, self.vision, self.tie_word_embeddings)
+
     def vision_param_count(self) -> float:
         """The vision tower: 3-D patch conv, blocks (2 norms, qkv + proj with biases, gated MLP), 2x2 merger."""
         w, iv, p, tp = self.vision_hidden, self.vision_intermediate, self.patch_size, self.temporal_patch_size

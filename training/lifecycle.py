@@ -35,6 +35,7 @@ from vtg.config import PipelineConfig, output_roots_overlap
 from vtg.config.view import unguarded
 from vtg.errors import VTGError, out_of_space
 from vtg.io import write_json_atomic
+from vtg.model import quant
 from vtg.model.processing import save_processor_config
 
 log = logging.getLogger("training")
@@ -278,7 +279,8 @@ class RunLifecycle:
 
     def save(self, step: int, engine, tokenizer, state: dict, meta: dict) -> Path | None:
         """Every rank: engine state and rank state into the temp dir; rank 0: the HF export (full weights, or the
-        adapter only for LoRA: peft filters the state dict), then meta.json, the rename, `latest` and retention.
+        adapter only for LoRA and QLoRA: peft filters the state dict; QLoRA adds its quantisation record), then
+        meta.json, the rename, `latest` and retention.
         `state` holds the rank's `run`, `guard` and `num_workers`; returns the checkpoint on rank 0."""
         tmp = ckpt.temp_dir_for(self.root, step)
         try:
@@ -305,6 +307,7 @@ class RunLifecycle:
             engine.module.save_pretrained(ckpt.export_dir(tmp), state_dict=state_dict, safe_serialization=True)
             tokenizer.save_pretrained(ckpt.export_dir(tmp))
             save_processor_config(engine.module, ckpt.export_dir(tmp))  # the processor facts travel with it
+            quant.save_record(engine.module, ckpt.export_dir(tmp))  # QLoRA: how its base was quantised
         barrier()  # every rank's files are in place before rank 0 lists and digests them into meta.json
         final = None
         if self.dist.is_main:

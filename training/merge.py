@@ -7,7 +7,9 @@ source's config.json, a meta.json whose `merged_from` names the source checkpoin
 beside the source's root as `<root>-merged-a<alpha>/step-NNNNNN/`, so `python -m evaluation --checkpoint` scores it
 with its own harness card and retention. It has no engine state:
 training cannot resume from it. A LoRA checkpoint is merged into its base first (the interpolation then scales its
-update). The base is the source's `base_path` (meta.json): a local export, such as the taught tiny base.
+update); a QLoRA one into its base's 4-bit weights dequantised (what it trained against), so `--alpha 1` turns a
+QLoRA export into a plain full-precision one. The base is the source's `base_path` (meta.json): a local export,
+such as the taught tiny base.
 
     python -m training.merge --checkpoint checkpoints/sft/step-001500 --alpha 0.5
     python -m evaluation --checkpoint checkpoints/sft-merged-a0.5/step-001500 --split test
@@ -77,7 +79,9 @@ def merge(checkpoint: str | Path, alpha: float, out_root: str | Path | None = No
             return final
         raise VTGError(f"{final} exists and is not the merge of {src} at alpha {alpha:g}: nothing written "
                        "(choose another --out)")
-    tuned, tokenizer = load_model_and_tokenizer(ckpt.export_dir(src), device="cpu", dtype=torch.float32)
+    # a QLoRA export's base comes back as the 4-bit weights it trained against, dequantised (`dequantize`)
+    tuned, tokenizer = load_model_and_tokenizer(ckpt.export_dir(src), device="cpu", dtype=torch.float32,
+                                                dequantize=True)
     if hasattr(tuned, "merge_and_unload"):  # a LoRA export: its update folded into the base first
         tuned = tuned.merge_and_unload()
     base, _ = load_model_and_tokenizer(base_path, device="cpu", dtype=torch.float32)

@@ -64,8 +64,10 @@ class ModelFlops:
 
 
 def _count(params) -> tuple[int, int]:
+    from vtg.model.quant import numel  # a QLoRA base's 4-bit weights hold two elements per stored byte
+
     params = list(params)
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+    return sum(numel(p) for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 def model_flops(model: torch.nn.Module) -> ModelFlops:

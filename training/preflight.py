@@ -24,7 +24,8 @@ text part is an upper bound (a 40-word query is 137 tokens here, the system turn
 not available offline to count them exactly).
 
 **Memory.** Per GPU for one micro-batch of the longest example: model states by ZeRO stage (`training/plan/`,
-DeepSpeed's accounting, trainable parameters counted for LoRA / frozen vision) + activations
+DeepSpeed's accounting, trainable parameters counted for LoRA / frozen vision, QLoRA's base weights at 4 bits) +
+activations
 (`training.activations.activation_bytes`: Korthikanti et al. 2022 per layer, the vision tower at its own token count,
 the logits; with and without gradient checkpointing) + a reserve, against `train.gpu_mem_gb`.
 
@@ -167,6 +168,9 @@ class Report:
     with_checkpointing: MemoryOption
     cpu_offload_gb: float
     token_budget: int = 0
+    quantized: float = 0.0
+    """QLoRA: elements of the base held in 4-bit (`vtg.model.quant`); 0 otherwise."""
+    quantized_tensors: int = 0
     packing: bool = False
     """`train.data.packing`: a micro-batch's examples share rows; its tokens (at most token_budget) decide its
     activations as the padded batch's do (sdpa/flash: linear in tokens; eager rows are as long as the longest)."""
@@ -201,7 +205,9 @@ class Report:
         lines = [
             (f"pre-flight  {self.base}: {self.finetune} fine-tuning, {self.precision}, {zero}{off}, "
              f"{self.gpus} x {self.gpu_mem_gb:g} GiB"),
-            f"  architecture  {self.arch_source}; {_count(self.params)} params, {_count(self.trainable)} trainable",
+            (f"  architecture  {self.arch_source}; {_count(self.params)} params"
+             + (f" ({_count(self.quantized)} in 4-bit NF4)" if self.quantized else "")
+             + f", {_count(self.trainable)} trainable"),
             f"  tokens    longest example {t.total:,} = {t.video_tokens:,} video + {t.text_tokens:,} text",
             (f"            video: {t.frames} frames at {t.frame_size} px -> {t.resized[0]}x{t.resized[1]}, grid "
              f"{t.grid[0]}x{t.grid[1]}x{t.grid[2]} patches / merge -> {t.video_tokens:,} tokens"),
@@ -244,6 +250,7 @@ class Report:
             "base": self.base, "arch_source": self.arch_source, "tokenizer_note": self.tokenizer_note,
             "finetune": self.finetune, "precision": self.precision, "strategy": self.strategy, "gpus": self.gpus,
             "gpu_mem_gb": self.gpu_mem_gb, "params": self.params, "trainable_params": self.trainable,
+            "quantized_params": self.quantized,
             "tokens": {**asdict(self.tokens), "total": self.tokens.total, "max_seq_len": self.max_seq_len},
             "memory": {"micro_batch": self.micro_batch, "token_budget": self.token_budget, "packing": self.packing,
                        "configured": option(self.configured),
@@ -310,8 +317,10 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
                                                                           t.data.token_budget // seq))
     total, largest = arch.param_count()
     trainable = trainable_params(arch, t.model.finetune, t.model.lora_r, t.model.freeze_vision)
+    quantized, tensors = arch.quantized_count() if t.model.finetune == "qlora" else (0.0, 0)
     setup = Setup(params=total, largest_layer=largest, gpus_per_node=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb,
-                  precision=e.precision, trainable_frac=trainable / total)
+                  precision=e.precision, trainable_frac=trainable / total, quantized=quantized,
+                  quantized_tensors=tensors)
     patches = tokens.grid[0] * tokens.grid[1] * tokens.grid[2]
     fsdp = e.strategy == "fsdp"
 
@@ -329,7 +338,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
         base=t.model.base, arch_source=source, tokenizer_note=note, finetune=t.model.finetune,
         precision=e.precision, strategy=e.strategy, gpus=t.num_gpus, gpu_mem_gb=t.gpu_mem_gb, params=total,
         trainable=trainable, tokens=tokens, max_seq_len=t.data.max_seq_len, micro_batch=micro,
-        token_budget=t.data.token_budget, packing=t.data.packing,
+        token_budget=t.data.token_budget, packing=t.data.packing, quantized=quantized, quantized_tensors=tensors,
         configured=configured, without_checkpointing=option(False, *current, micro),
         with_checkpointing=option(True, *current, micro),
         cpu_offload_gb=plan(setup, *current).cpu_b / GB)
@@ -370,8 +379,8 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
         if found is None:
             report.problems.append(
                 f"{what}, even with gradient checkpointing, ZeRO-3 with parameter + optimizer offload and "
-                "micro-batch 1: add GPUs (train.num_gpus), train LoRA (train.model.finetune=lora), or use fewer "
-                "frames (preprocess.num_frames) or a smaller model")
+                "micro-batch 1: add GPUs (train.num_gpus), train LoRA or QLoRA (train.model.finetune=lora or "
+                "qlora), or use fewer frames (preprocess.num_frames) or a smaller model")
         else:
             overrides, fitted = found
             report.problems.append(f"{what}: set {' '.join(overrides)} (then {fitted.total_b / GB:.1f} GiB)")
@@ -439,7 +448,17 @@ def _memory_fix(option, gc: bool, current: tuple[int, bool, bool], micro: int, a
 
 def check_before_training(cfg) -> Report | None:
     """Training's pre-flight (before the model is built): raises PreflightError with the CLI's message when the
-    recipe cannot fit; logs and skips when nothing here knows the model's architecture."""
+    recipe cannot fit, or when it trains QLoRA and this machine cannot run a 4-bit base (`vtg.model.quant`); logs
+    and skips the fit when nothing here knows the model's architecture."""
+    if cfg.train.model.finetune == "qlora":
+        import torch
+
+        from vtg.model import quant
+
+        why = quant.unavailable("cuda" if torch.cuda.is_available() else "cpu")  # the device training uses
+        if why:
+            raise PreflightError(f"pre-flight failed: train.model.finetune=qlora: a 4-bit base cannot train here: "
+                                 f"{why}")
     try:
         report = preflight(cfg)
     except UnknownArchitecture as e:

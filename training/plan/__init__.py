@@ -9,8 +9,10 @@ ZeRO-2/3 totals equal `estimate_zero2_model_states_mem_needs` / `estimate_zero3_
 master) + 8 (Adam moments). ZeRO-1 partitions the optimizer and fp32 gradients, ZeRO-2 also the 16-bit
 gradients, ZeRO-3 also the parameters (plus a gathered-layer working buffer of 4 x the largest layer). fp32
 training keeps no master copy: params 4, gradients 4, moments 8. LoRA: only the adapter fraction carries
-gradients and optimizer state. What is left of the GPU after model states and a reserve is the activation
-budget (batch x sequence x layers must fit in it; gradient checkpointing shrinks what they need).
+gradients and optimizer state. QLoRA: the same, over a base whose linear weights are 4-bit NF4 (`quantized`
+elements: ~0.52 bytes each with their quantisation state, `vtg.model.quant.nf4_bytes`; under ZeRO-3 / FSDP the
+packed codes are sharded, the small state is not). What is left of the GPU after model states and a reserve is
+the activation budget (batch x sequence x layers must fit in it; gradient checkpointing shrinks what they need).
 
 Activations and trainable parameters are counted in `training.activations`; `python -m training.preflight` adds
 them up per GPU. With an experiment, the planner's recommendation leaves room for the experiment's micro-batch as
@@ -20,11 +22,13 @@ the pre-flight counts it.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass
 
 from training.arch import arch_for
 from vtg.errors import VTGError
+from vtg.model.quant import nf4_bytes
 
 GB = 2**30
 # Parameter counts (total, largest single layer = the token embedding) of common bases, so the planner works
@@ -50,6 +54,10 @@ class Setup:
     trainable_frac: float = 1.0
     reserve_gb: float = 1.5
     """CUDA context, allocator fragmentation, communication buffers."""
+    quantized: float = 0.0
+    """Of `params`, the elements held in 4-bit (QLoRA's frozen base); 0: none."""
+    quantized_tensors: int = 0
+    """How many 4-bit weights hold them (each carries its own code tables)."""
 
     @property
     def world(self) -> int:
@@ -82,7 +90,11 @@ def plan(s: Setup, stage: int, offload_optimizer: bool = False, offload_param: b
     w = 2 if mixed else 4                        # working parameter bytes
     g16, g32 = (2, 4) if mixed else (0, 4)       # gradient bytes: 16-bit copy + fp32 (partition) copy
     opt = 12 if mixed else 8                     # fp32 master (mixed only) + Adam m, v
-    params = w * p / n if stage == 3 else w * p
+    q = s.quantized
+    packed = math.ceil(q / 2)                    # 4-bit codes, two per byte (sharded under ZeRO-3)
+    qstate = nf4_bytes(q, s.quantized_tensors) - packed if q else 0.0  # absmax, nested absmax, code tables
+    sharded = w * (p - q) + packed
+    params = sharded / n + qstate if stage == 3 else sharded + qstate
     grads = g16 * t / n + g32 * t / n if stage >= 2 else g16 * t + g32 * t / (n if stage == 1 else 1)
     optim = opt * t / (n if stage >= 1 else 1)
     if stage == 3:
@@ -180,7 +192,8 @@ def _option_name(p: Plan) -> str:
 
 def render(s: Setup, min_activation_gb: float, need: ActivationNeed | None = None) -> str:
     best = recommend(s, min_activation_gb)
-    lines = [(f"model {s.params / 1e9:.3g}B params (largest layer {s.largest_layer / 1e6:.3g}M), "
+    four_bit = f" ({s.quantized / 1e9:.3g}B of them 4-bit NF4)" if s.quantized else ""
+    lines = [(f"model {s.params / 1e9:.3g}B params{four_bit} (largest layer {s.largest_layer / 1e6:.3g}M), "
               f"{s.precision}, trainable {s.trainable_frac:.0%}; {s.nodes} node(s) x {s.gpus_per_node} GPU(s) "
               f"x {s.gpu_mem_gb:g} GiB"), *([need.describe()] if need else []), "",
              (f"{'ZeRO':<6}{'offload':<11}{'params':>9}{'grads':>9}{'optim':>9}{'buffer':>9}{'states':>9}"
@@ -191,7 +204,7 @@ def render(s: Setup, min_activation_gb: float, need: ActivationNeed | None = Non
                 continue
             p = plan(s, stage, off_opt, off_param)
             ds = deepspeed_estimate(s, stage, off_opt, off_param) if s.precision != "fp32" and \
-                s.trainable_frac == 1.0 else None
+                s.trainable_frac == 1.0 and not s.quantized else None
             off = "param+opt" if off_param else ("optimizer" if off_opt else "-")
             mark = "  <- recommended" if best is not None and (stage, off_opt, off_param) == \
                 (best.stage, best.offload_optimizer, best.offload_param) else ""
@@ -201,8 +214,8 @@ def render(s: Setup, min_activation_gb: float, need: ActivationNeed | None = Non
                          f"{p.cpu_b / GB:10.2f}{mark}")
     lines.append("")
     if best is None:
-        lines.append(f"no option leaves {min_activation_gb:.3g} GiB for activations: add GPUs, use LoRA, or a "
-                     "smaller model")
+        lines.append(f"no option leaves {min_activation_gb:.3g} GiB for activations: add GPUs, use LoRA or "
+                     "QLoRA, or a smaller model")
         if need is not None and (fit := need.fitting(s)) is not None:
             m, option = fit
             budget = f" train.data.token_budget={m * need.seq}" if need.token_budget else ""

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default: engine.precision")
     parser.add_argument("--trainable-frac", type=float,
                         help="fraction of parameters trained (default: counted from the architecture and "
-                             "train.model.finetune; without one, 1, or 0.01 for finetune=lora)")
+                             "train.model.finetune; without one, 1, or 0.01 for finetune=lora/qlora)")
     parser.add_argument("--min-activation-gb", type=float, default=None,
                         help="activation memory a recommendation must leave per GPU (default: the experiment's "
                              f"micro-batch as the pre-flight counts it; {DEFAULT_MIN_ACTIVATION_GB:g} when its "
@@ -70,10 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     elif report is not None:
         frac = report.trainable / report.params
     else:
-        frac = 0.01 if tcfg.model.finetune == "lora" else 1.0
+        frac = 0.01 if tcfg.model.finetune in ("lora", "qlora") else 1.0
+    quantized, tensors = 0.0, 0
+    if tcfg.model.finetune == "qlora":
+        # the architecture's own count; for a size given by hand, all but the embedding and the LM head
+        quantized, tensors = ((report.quantized, report.quantized_tensors) if report is not None and not args.params
+                              else (max(0.0, total - 2 * largest), 0))
     setup = Setup(params=total, largest_layer=largest, gpus_per_node=args.gpus or tcfg.num_gpus, nodes=args.nodes,
                   gpu_mem_gb=args.gpu_mem or tcfg.gpu_mem_gb, precision=args.precision or cfg.engine.precision,
-                  trainable_frac=frac)
+                  trainable_frac=frac, quantized=quantized, quantized_tensors=tensors)
     if args.min_activation_gb is not None:
         need_gb, need = args.min_activation_gb, None
     else:

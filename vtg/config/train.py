@@ -16,8 +16,10 @@ class ModelConfig(Section):
     id or local path of a checkpoint."""
     attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
     """`auto`: flash_attention_2 when installed, on a GPU and `engine.precision` is bf16/fp16, else sdpa."""
-    finetune: Literal["full", "lora"] = "full"
-    """Full fine-tuning or LoRA adapters (peft)."""
+    finetune: Literal["full", "lora", "qlora"] = "full"
+    """Full fine-tuning, LoRA adapters (peft), or QLoRA: LoRA adapters over the base quantised to 4-bit NF4
+    (bitsandbytes, `vtg/model/quant.py`; any engine, ZeRO-3 and FSDP shard the 4-bit weights); the adapters train in
+    `engine.precision`, the export is the adapter and its quantisation config."""
     lora_r: int = Field(16, ge=1)
     """LoRA rank."""
     lora_alpha: int = Field(32, ge=1)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from vtg.errors import VTGError
+from vtg.model import quant
 from vtg.model.families import DEFAULT, family_of
 from vtg.model.tiny import build_tiny_model
 
@@ -103,14 +104,18 @@ def _default_dtype(device: str | torch.device) -> torch.dtype:
 
 def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str = "auto",
                              device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                             trainable: bool = False, finetune=None, seed: int = 0):
+                             trainable: bool = False, finetune=None, seed: int = 0, dequantize: bool = False):
     """Load a full HF export, a LoRA adapter export (adapter + its base), a hub id/local path, `tiny` or a
     `shape-true:` spec. Returns (model, tokenizer).
 
     - `trainable=False` (evaluation, RL's frozen reference): eval mode, no parameter requires grad.
     - `trainable=True` with an adapter export (RL's policy): the adapters train, the base stays frozen.
     - `trainable=True` with `finetune` (a `train.model` section; SFT from a base): KV cache off, gradient
-      checkpointing if asked, then full fine-tuning or fresh LoRA adapters (`apply_finetune_mode`).
+      checkpointing if asked, then full fine-tuning or fresh LoRA adapters (`apply_finetune_mode`); `qlora`
+      loads the base in 4-bit first (`vtg.model.quant`).
+    An adapter export of a QLoRA run (`vtg.model.quant.QUANT_FILE`) loads its base quantised as it trained;
+    `dequantize=True` turns those 4-bit weights back into plain ones before the adapter goes on (what a merge
+    folds the adapter into: the weights the run trained against).
     The tokenizer comes from the export when it holds one (every checkpoint `hf/` does), else from the base.
     """
     from safetensors import SafetensorError
@@ -123,6 +128,15 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
     dtype = dtype or _default_dtype(device)
     attn = choose_attn_implementation(attn_implementation, device, dtype)
     adapter_cfg = path / "adapter_config.json"
+    record = quant.read_record(path) if adapter_cfg.is_file() else None
+    if record is not None:
+        quant.check_available(device, f"{path} (a QLoRA export)")
+    elif trainable and finetune is not None and finetune.finetune == "qlora":
+        quant.check_available(device, "train.model.finetune=qlora")
+        record = quant.bnb_config(dtype).to_dict()
+    kw = {"attn_implementation": attn, "dtype": dtype}
+    if record is not None:
+        kw.update(quantization_config=quant.config_from_record(record, dtype), device_map={"": torch.device(device)})
     try:
         if adapter_cfg.is_file():
             from peft import PeftModel
@@ -130,11 +144,13 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
             base = json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")
             if not base:
                 raise VTGError(f"{adapter_cfg}: no base_model_name_or_path; cannot load the LoRA base")
-            model = AutoModelForImageTextToText.from_pretrained(base, attn_implementation=attn, dtype=dtype)
+            model = AutoModelForImageTextToText.from_pretrained(base, **kw)
+            if record is not None and dequantize:
+                model = model.dequantize().to(dtype)
             model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
             tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base
         else:
-            model = AutoModelForImageTextToText.from_pretrained(source, attn_implementation=attn, dtype=dtype)
+            model = AutoModelForImageTextToText.from_pretrained(source, **kw)
             tok_src = source
         tokenizer = AutoTokenizer.from_pretrained(tok_src)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
@@ -152,13 +168,15 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
             model.enable_input_require_grads()
         model = apply_finetune_mode(model, finetune.finetune, lora_r=finetune.lora_r, lora_alpha=finetune.lora_alpha,
                                     freeze_vision=finetune.freeze_vision)
+    if quant.is_quantized(model):
+        quant.accept_own_state(model)  # an engine's resume loads back the state dict it saved
     model.to(device).train()
     return model, tokenizer
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
+    """(trainable, total) parameter counts (a 4-bit weight counted unpacked)."""
+    total = sum(quant.numel(p) for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
 
@@ -169,9 +187,16 @@ LORA_TARGETS = list(DEFAULT.lora_text)
 
 def apply_finetune_mode(model, finetune: str, *, lora_r: int = 16, lora_alpha: int = 32,
                         freeze_vision: bool = False):
-    """Full fine-tuning (optionally with the vision tower frozen) or peft LoRA on the language model."""
+    """Full fine-tuning (optionally with the vision tower frozen) or peft LoRA on the language model; QLoRA is
+    LoRA on a base loaded in 4-bit (`load_model_and_tokenizer` quantises it)."""
     visual = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else None
-    if finetune == "lora":
+    if finetune == "qlora" and not quant.is_quantized(model):
+        raise VTGError("finetune=qlora needs a base loaded in 4-bit (load_model_and_tokenizer with finetune does it)")
+    if finetune in ("lora", "qlora"):
+        # Not peft's prepare_model_for_kbit_training: it upcasts every parameter that is not 4-bit to fp32, a
+        # second copy of the embeddings and lm_head that DeepSpeed casts back to engine.precision at once (and
+        # the planner does not count); the base is frozen by get_peft_model, and gradient checkpointing's input
+        # gradients are enabled above as for LoRA.
         from peft import LoraConfig, get_peft_model
 
         # Adapters on the language model, and on the vision blocks (qkv/proj) unless the tower is frozen, so
