@@ -85,6 +85,7 @@ LAST = (  # longest first, so that no long file is left to run alone at the end
     "tests/flows/test_front_doors.py",  # with the shared `flow_door_run`
     "tests/faults/test_kill9.py",  # reads `flow_door_run` too
     "tests/flows/test_embedded_flow.py",
+    "tests/training/test_fsdp_ws2.py",  # three two-rank launches: ~2-4.5 min
     "tests/benchmarks/test_bench_orchestration.py",  # two flows on stand-in stages: ~2 min
     "tests/infra/test_infra_native_stack.py",
     "tests/training/test_rl_loop.py",
@@ -92,6 +93,7 @@ LAST = (  # longest first, so that no long file is left to run alone at the end
     "tests/flows/test_dvc_pipeline.py",
     "tests/training/test_train_gpu_check.py",
     "tests/training/test_train_multiprocess.py",
+    "tests/training/test_zero3_offload.py",  # one two-rank launch: ~1 min
     "tests/flows/test_served.py",
 )
 """After the short tests: the multi-process files, from the longest."""
