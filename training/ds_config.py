@@ -9,6 +9,13 @@ GPU_BUCKET = 5e8
 """Elements per reduce / all-gather bucket on GPUs (the common ZeRO-2 recipe: overlap_comm + 5e8 buckets)."""
 CPU_BUCKET = 5e7
 """Smaller buckets on CPU (gloo): less memory per rank process, and nothing to overlap with."""
+LOSS_SCALE_POWER = 16
+"""fp16's dynamic loss scaling, one policy for both engines (DeepSpeed's `fp16` section below, FSDP's
+`torch.amp.GradScaler` in `training.engine`): start at 2^16; at every step whose gradients hold an inf or a NaN,
+skip the optimizer step and halve the scale (hysteresis 1: DeepSpeed's default of 2 skips a first overflow without
+lowering the scale); double it after `LOSS_SCALE_WINDOW` steps without one; never below `MIN_LOSS_SCALE`."""
+LOSS_SCALE_WINDOW = 1000
+MIN_LOSS_SCALE = 1.0
 
 
 def zero_section(tcfg, gpu: bool) -> dict:
@@ -31,6 +38,12 @@ def zero_section(tcfg, gpu: bool) -> dict:
     return zero
 
 
+def fp16_section(enabled: bool) -> dict:
+    """`fp16`: dynamic loss scaling (`loss_scale: 0`) with the policy of `LOSS_SCALE_POWER`."""
+    return {"enabled": enabled, "loss_scale": 0, "initial_scale_power": LOSS_SCALE_POWER,
+            "loss_scale_window": LOSS_SCALE_WINDOW, "hysteresis": 1, "min_loss_scale": MIN_LOSS_SCALE}
+
+
 def build_ds_config(tcfg, world_size: int, gpu: bool | None = None) -> dict:
     """Batch, accumulation, clipping, precision, ZeRO stage and offload from `EngineSettings`; `gpu` (default:
     whether CUDA is available) picks the GPU or the CPU (gloo) communication settings."""
@@ -42,7 +55,7 @@ def build_ds_config(tcfg, world_size: int, gpu: bool | None = None) -> dict:
         "gradient_clipping": tcfg.grad_clip,
         "zero_optimization": zero_section(tcfg, gpu),
         "bf16": {"enabled": tcfg.precision == "bf16"},
-        "fp16": {"enabled": tcfg.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "fp16": fp16_section(tcfg.precision == "fp16"),
         # We pass our own optimizer (training/optim.py): torch AdamW, so no fused_adam JIT compile (docs/environment.md),
         # or DeepSpeedCPUAdam with optimizer offload, which DeepSpeed then insists on.
         "zero_allow_untested_optimizer": True,

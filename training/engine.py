@@ -1,9 +1,12 @@
 """Two engines behind one small interface: DeepSpeed ZeRO 0-3 (default) and PyTorch FSDP2 (`fully_shard`).
 
-The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss), step() -> True
-on an optimizer step, grad_norm(), lr(), save(dir)/load(dir) on every rank, and full_state_dict() (complete on rank 0)
-for the HF export. Both are built from `EngineSettings`: SFT's from the `train` section, RL's from the `rl` section
-(a constant lr, its own clip and ZeRO stage), both over the shared `engine` section (strategy, precision, offload).
+The loop calls: forward(inputs) -> loss (outputs(inputs) -> the model output, for RL), backward(loss) (the engine
+divides by grad_accum) or backward(loss, window_share=True) (the loss is already this micro-batch's share of the
+accumulation window's, `training.accumulation`), step() -> True on an optimizer step, grad_norm(), lr(),
+loss_scale() and overflow_steps() (fp16's dynamic loss scaler; None / 0 without one), save(dir)/load(dir) on every
+rank, and full_state_dict() (complete on rank 0) for the HF export. Both are built from `EngineSettings`: SFT's from
+the `train` section, RL's from the `rl` section (a constant lr, its own clip and ZeRO stage), both over the shared
+`engine` section (strategy, precision, offload).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from training.ds_config import build_ds_config
+from training.ds_config import LOSS_SCALE_POWER, LOSS_SCALE_WINDOW, build_ds_config
 from training.optim import build_optimizer, build_scheduler
 from vtg.errors import VTGError
 from vtg.model.families import family_of
@@ -72,6 +75,8 @@ class DeepSpeedEngine:
         import deepspeed
 
         self.stage = tcfg.zero_stage
+        if tcfg.precision == "fp16":
+            refuse_fp16_without_support()
         self.ds_config = build_ds_config(tcfg, world_size, gpu=next(model.parameters()).device.type == "cuda")
         optimizer = build_optimizer(model, tcfg)
         scheduler = build_scheduler(optimizer, tcfg)
@@ -91,8 +96,8 @@ class DeepSpeedEngine:
         """The model's full output (logits) through the engine (ZeRO-3 gathers parameters on the way)."""
         return self.engine(**inputs)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss)
+    def backward(self, loss: torch.Tensor, window_share: bool = False) -> None:
+        self.engine.backward(loss, scale_wrt_gas=not window_share)
 
     def step(self) -> bool:
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -105,6 +110,16 @@ class DeepSpeedEngine:
 
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
+
+    def loss_scale(self) -> float | None:
+        """fp16's current dynamic loss scale (DeepSpeed's fp16 optimizer keeps it); None in fp32/bf16."""
+        if not self.engine.fp16_enabled():
+            return None
+        return float(self.engine.optimizer.loss_scale)
+
+    def overflow_steps(self) -> int:
+        """Optimizer steps skipped because the fp16 gradients overflowed (DeepSpeed counts them; in its checkpoint)."""
+        return int(self.engine.skipped_steps)
 
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
@@ -128,7 +143,14 @@ class DeepSpeedEngine:
 
 
 class FSDPEngine:
-    """FSDP2: each decoder layer and vision block is its own `fully_shard` unit, then the root."""
+    """FSDP2: each decoder layer and vision block is its own `fully_shard` unit, then the root.
+
+    fp16 (`engine.precision: fp16`): the weights FSDP shards, and AdamW steps, are fp32 (the policy casts them to fp16
+    for compute and reduces gradients in fp32), and `torch.amp.GradScaler` (DTensor-aware: its inf check is reduced
+    over the mesh) scales the loss, unscales before clipping, and skips the step and halves the scale when a gradient
+    holds an inf or a NaN (`training.ds_config.LOSS_SCALE_POWER`). Measured on the CPU: with fp16 weights instead,
+    AdamW's update turns them to NaN at the second step, and the scaler refuses to unscale fp16 gradients.
+    """
 
     def __init__(self, model: torch.nn.Module, tcfg: EngineSettings, world_size: int):
         import warnings
@@ -138,6 +160,9 @@ class FSDPEngine:
         # HF returns a ModelOutput whose loss is a view; we never modify it in place.
         warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
         dtype = half_dtype(tcfg.precision)
+        self.fp16 = tcfg.precision == "fp16"
+        if self.fp16:
+            model.float()  # fp32 master weights (class doc); fp16 is the compute dtype only
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         for unit in _shard_units(model):
             fully_shard(unit, mp_policy=mp)
@@ -149,6 +174,10 @@ class FSDPEngine:
         self.grad_accum, self.clip = tcfg.grad_accum, tcfg.grad_clip
         self.micro = 0
         self._norm: float | None = None
+        device = next(model.parameters()).device.type
+        self.scaler = (torch.amp.GradScaler(device, init_scale=2.0 ** LOSS_SCALE_POWER,
+                                            growth_interval=LOSS_SCALE_WINDOW) if self.fp16 else None)
+        self.overflows = 0
 
     @property
     def module(self) -> torch.nn.Module:
@@ -160,18 +189,32 @@ class FSDPEngine:
     def outputs(self, inputs: dict):
         return self.model(**inputs)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss / self.grad_accum).backward()
+    def backward(self, loss: torch.Tensor, window_share: bool = False) -> None:
+        loss = loss if window_share else loss / self.grad_accum
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def step(self) -> bool:
+        """At the accumulation boundary: (unscale,) clip, step, schedule. A step the grad scaler skips (an overflow)
+        leaves the lr schedule where it is, as DeepSpeed does."""
         self.micro += 1
         if self.micro % self.grad_accum:
             return False
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
         self._norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        if self.scaler is None:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scaler.get_scale() < before:  # the scaler found an inf/NaN: no step was taken
+                self.overflows += 1
+            else:
+                self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return True
 
@@ -180,6 +223,12 @@ class FSDPEngine:
 
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
+
+    def loss_scale(self) -> float | None:
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def overflow_steps(self) -> int:
+        return self.overflows
 
     def _state(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -191,7 +240,8 @@ class FSDPEngine:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._state(), checkpoint_id=str(directory / "fsdp"))
-        torch.save({"scheduler": self.scheduler.state_dict(), "micro": self.micro},
+        scaler = {} if self.scaler is None else {"scaler": self.scaler.state_dict(), "overflows": self.overflows}
+        torch.save({"scheduler": self.scheduler.state_dict(), "micro": self.micro, **scaler},
                    directory / f"fsdp_extra_rank{torch.distributed.get_rank()}.pt")
 
     def load(self, directory: Path) -> None:
@@ -208,12 +258,33 @@ class FSDPEngine:
         self.scheduler.load_state_dict(extra["scheduler"])
         keep_schedule_from_config(self.scheduler, self.schedule)
         self.micro = extra["micro"]
+        if self.scaler is not None and "scaler" in extra:
+            self.scaler.load_state_dict(extra["scaler"])
+            self.overflows = extra["overflows"]
 
     def full_state_dict(self) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return sd if torch.distributed.get_rank() == 0 else None
+
+
+def refuse_fp16_without_support() -> None:
+    """DeepSpeed trains fp16 only where its accelerator says the device can: on a GPU, and on the CPU only with
+    oneDNN's fp16 support (AVX512-FP16 / AMX-FP16, `torch.ops.mkldnn._is_mkldnn_fp16_supported()`; False on this
+    project's AMD EPYC build machines). Say so, and what to do, before `deepspeed.initialize` fails with "Type fp16 is
+    not supported on your device". (With that answer lifted, DeepSpeed's fp16 optimizer and loss scaler do run on
+    such a CPU: tests/training/test_fp16.py.)"""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.is_fp16_supported():
+        return
+    raise VTGError(f"engine.precision=fp16 with engine.strategy=deepspeed: DeepSpeed's {accelerator.device_name()} "
+                   "accelerator refuses fp16 on this machine (on a CPU it needs oneDNN fp16 support, AVX512-FP16 or "
+                   "AMX-FP16, which this CPU lacks). Train in fp32 here (engine.precision=fp32; bf16 is ~40x slower "
+                   "on such a CPU), use engine.strategy=fsdp (fp16 with a grad scaler runs on the CPU), or run on a "
+                   "GPU (make gpu-check has an fp16 case)")
 
 
 def keep_schedule_from_config(scheduler, schedule: dict) -> None:

@@ -16,6 +16,12 @@ under 8 minutes per rung on one H200):
 then writes `<out>/<rung>/gpu_check.json` and `<out>/<rung>/gpu_check.md`: device, versions, attention, tokens/s, MFU, peak
 memory against the planner's prediction, resume bit-exactness, the evaluation's numbers, seconds per part.
 
+Then the fp16 case (`fp16_check`; `--cases` picks `recipe`, `fp16` or both, the default): the rung's recipe in
+`engine.precision=fp16` with dynamic loss scaling under DeepSpeed ZeRO-2 and under FSDP2, on the model cut to 4
+decoder layers, 8 steps and a resume from 4, into `<out>/<rung>/fp16.json` and `fp16.md` (loss scale, overflow steps
+skipped, resume bit-exactness). Its overflow path (skip, halve, log, go on) is tested on the CPU
+(tests/training/test_fp16.py); this case checks that fp16 trains and resumes on a GPU with both engines.
+
 Without a CUDA device it exits 0 with a message (CI never has one). `--cpu-dry-run` runs the same sequence on
 the CPU at toy sizes (fp32, 1 layer, a cut vocabulary) so the script itself is tested here
 (tests/training/test_train_gpu_check.py).
@@ -86,26 +92,54 @@ def _attention(log: Path) -> str:
     return lines[0].split("attention implementation:", 1)[1].strip() if lines else "?"
 
 
-def check(a: argparse.Namespace) -> dict:
-    """One rung's whole sequence (`a.rung`, `a.experiment`, `a.base` set by `main`)."""
-    import torch
-
-    out = Path(a.out) / a.rung
+def _workspace(a: argparse.Namespace, out: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh `out/work` with the rung's synthetic shards, and the environment of the commands run on them."""
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    depth = (f"text_layers={a.text_layers}&vision_blocks={a.vision_blocks}" +
-             (f"&vocab={a.vocab}" if a.vocab else ""))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "PYTHONUNBUFFERED": "1",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if a.cpu_dry_run:
         env["DS_ACCELERATOR"] = "cpu"
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
     write_synthetic_shards(work / "shards", n_train=a.train_samples, n_val=max(4, a.eval_examples),
                            num_frames=a.frames, size=a.frame_size, duration=a.window_s)
+    return work, env
+
+
+def _train_and_resume(cmd: list[str], root: Path, steps: int, out: Path, prefix: str,
+                      env: dict[str, str]) -> tuple[dict, dict, float, float]:
+    """`cmd` (`python -m training ...`, checkpoints in `root`) for `steps` steps, then the half-way checkpoint alone in
+    a fresh root trained to the end again: (first run's summary, the resume's comparison, seconds of each run)."""
+    first = out / f"{prefix}train.json"
+    train_s = _run(cmd + ["--summary", str(first)], out / f"{prefix}train.log", {**env, "MASTER_PORT": str(free_port())})
+    half = steps // 2
+    resumed_root = root.with_name(f"{root.name}-resume")
+    shutil.copytree(root / checkpoints.step_dir_name(half), resumed_root / checkpoints.step_dir_name(half))
+    checkpoints.write_pointer(resumed_root / checkpoints.LATEST, resumed_root / checkpoints.step_dir_name(half),
+                              step=half)
+    second = out / f"{prefix}resume.json"
+    resume_s = _run(cmd + [f"train.out_dir={resumed_root}", "--summary", str(second)], out / f"{prefix}resume.log",
+                    {**env, "MASTER_PORT": str(free_port())})
+    a_loss, b_loss = _losses(first), _losses(second)
+    after = sorted(s for s in b_loss if s > half)
+    mismatched = [s for s in after if a_loss.get(s) != b_loss[s]]
+    resume = {"from_step": half, "steps_compared": len(after), "bit_exact": bool(after) and not mismatched,
+              "mismatched_steps": mismatched[:10]}
+    return json.loads(first.read_text()), resume, train_s, resume_s
+
+
+def check(a: argparse.Namespace) -> dict:
+    """One rung's whole sequence (`a.rung`, `a.experiment`, `a.base` set by `main`)."""
+    import torch
+
+    out = Path(a.out) / a.rung
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    work, env = _workspace(a, out)
     timings["shards_s"] = time.perf_counter() - t0
+    depth = (f"text_layers={a.text_layers}&vision_blocks={a.vision_blocks}" +
+             (f"&vocab={a.vocab}" if a.vocab else ""))
     ov = _overrides(a, work, depth)
     py = [sys.executable, "-m"]
     params = ["--params", str(REPO / "params.yaml"), "-e", a.experiment]
@@ -115,23 +149,8 @@ def check(a: argparse.Namespace) -> dict:
                                   out / "preflight.log", env)
     preflight = json.loads(pre_json.read_text())
 
-    first = out / "train.json"
-    timings["train_s"] = _run(py + ["training", *params, *ov, "--summary", str(first)], out / "train.log",
-                              {**env, "MASTER_PORT": str(free_port())})
-    summary = json.loads(first.read_text())
-
-    half = a.steps // 2  # resume: the half-way checkpoint alone in a fresh root, trained to the end again
-    resumed_root = work / "ck-resume"
-    shutil.copytree(work / "ck" / checkpoints.step_dir_name(half), resumed_root / checkpoints.step_dir_name(half))
-    checkpoints.write_pointer(resumed_root / checkpoints.LATEST, resumed_root / checkpoints.step_dir_name(half),
-                              step=half)
-    second = out / "resume.json"
-    timings["resume_s"] = _run(py + ["training", *params, *ov, f"train.out_dir={resumed_root}",
-                                     "--summary", str(second)], out / "resume.log",
-                               {**env, "MASTER_PORT": str(free_port())})
-    a_loss, b_loss = _losses(first), _losses(second)
-    after = sorted(s for s in b_loss if s > half)
-    mismatched = [s for s in after if a_loss.get(s) != b_loss[s]]
+    summary, resume, timings["train_s"], timings["resume_s"] = _train_and_resume(
+        py + ["training", *params, *ov], work / "ck", a.steps, out, "", env)
 
     latest = checkpoints.latest_checkpoint(work / "ck")
     # an ad-hoc evaluation leaves the stage's outputs alone: its copy goes to --out (one folder per checkpoint)
@@ -156,12 +175,87 @@ def check(a: argparse.Namespace) -> dict:
                     "max_seq_len": (preflight.get("tokens") or {}).get("max_seq_len"),
                     "per_gpu_gib": round(((preflight.get("memory") or {}).get("configured") or {})
                                          .get("total_gib", float("nan")), 2)},
-        "resume": {"from_step": half, "steps_compared": len(after), "bit_exact": bool(after) and not mismatched,
-                   "mismatched_steps": mismatched[:10]},
+        "resume": resume,
         "evaluation": {"split": ev.get("split"), "step": ev.get("step"), "model": ev.get("model"),
                        "queries": (ev.get("counts") or {}).get("scored")},
         "seconds": {k: round(v, 1) for k, v in timings.items()},
     }
+
+
+FP16_STEPS = 8
+"""Optimizer steps of each run of the fp16 case (its resume starts from half)."""
+FP16_DEPTH = (4, 2)
+"""(decoder layers, vision blocks) of the rung's model in the fp16 case: the loss scaler, not throughput, is checked."""
+FP16_REFUSAL = "accelerator refuses fp16"
+"""What `training.engine.refuse_fp16_without_support` says where DeepSpeed cannot train fp16 (a CPU without oneDNN fp16)."""
+
+
+def fp16_check(a: argparse.Namespace) -> dict:
+    """The fp16 case (`--cases fp16`): the rung's recipe in `engine.precision=fp16` with dynamic loss scaling, under
+    each engine (DeepSpeed ZeRO-2: its fp16 optimizer; FSDP2: fp32 master weights and `torch.amp.GradScaler`), on
+    its model cut to `FP16_DEPTH`: `FP16_STEPS` steps, then a resume from half compared loss by loss (the scaler's
+    state is in the checkpoint); reports the final loss scale, the overflow steps skipped and the final loss. On the
+    CPU (`--cpu-dry-run`) DeepSpeed refuses fp16 (no oneDNN fp16 here): that refusal is then its result."""
+    import torch
+
+    out = Path(a.out) / a.rung / "fp16"
+    work, env = _workspace(a, out)
+    depth = f"text_layers={FP16_DEPTH[0]}&vision_blocks={FP16_DEPTH[1]}" + (f"&vocab={a.vocab}" if a.vocab else "")
+    model = f"{a.base}?{depth}"
+    # fp16 matmuls on a CPU without fp16 units are slow (4 steps of the 1-layer shape-true 3B: ~11 min here), so the
+    # dry run takes the tiny Qwen2.5-VL: it tests the script, not the rung
+    base = ["train.model.base=tiny", "train.teach.steps=0"] if a.cpu_dry_run else []
+    params = ["--params", str(REPO / "params.yaml"), "-e", a.experiment]
+    results: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
+                     "model": "tiny" if a.cpu_dry_run else model, "experiment": a.experiment, "steps": FP16_STEPS}
+    for strategy in ("deepspeed", "fsdp"):
+        ov = [*_overrides(a, work, depth), *base, "engine.precision=fp16", f"engine.strategy={strategy}",
+              f"train.max_steps={FP16_STEPS}", f"train.save_every={FP16_STEPS // 2}",
+              f"train.out_dir={work / strategy}"]
+        cmd = [sys.executable, "-m", "training", *params, *ov]
+        try:
+            summary, resume, train_s, resume_s = _train_and_resume(cmd, work / strategy, FP16_STEPS, out,
+                                                                   f"{strategy}_", env)
+        except VTGError as e:
+            if not (a.cpu_dry_run and FP16_REFUSAL in str(e)):
+                raise
+            refusal = [line.strip() for line in str(e).splitlines() if FP16_REFUSAL in line]
+            results[strategy] = {"refused": (refusal[-1] if refusal else str(e)).removeprefix("error: ")}
+            continue
+        results[strategy] = {"final_loss": summary.get("final_loss"), "loss_scale": summary.get("loss_scale"),
+                             "overflow_steps": summary.get("overflow_steps"), "steps": summary.get("step"),
+                             "resume": resume, "seconds": {"train_s": round(train_s, 1),
+                                                           "resume_s": round(resume_s, 1)}}
+    return results
+
+
+def fp16_problems(r: dict) -> list[str]:
+    """What is wrong in an fp16 case's results (empty: it passed)."""
+    problems = []
+    for strategy in ("deepspeed", "fsdp"):
+        x = r[strategy]
+        if "refused" in x:
+            if not r["device"].startswith("cpu"):
+                problems.append(f"fp16 {strategy}: refused on a GPU ({x['refused']})")
+            continue
+        if not x["resume"]["bit_exact"]:
+            problems.append(f"fp16 {strategy}: resume not bit-exact (steps {x['resume']['mismatched_steps']})")
+        if x["loss_scale"] is None or not (x["final_loss"] == x["final_loss"] and abs(x["final_loss"]) < 1e30):
+            problems.append(f"fp16 {strategy}: no loss scale or a non-finite loss ({x})")
+        elif x["overflow_steps"] >= x["steps"]:
+            problems.append(f"fp16 {strategy}: every step overflowed (loss scale {x['loss_scale']})")
+    return problems
+
+
+def fp16_markdown(r: dict) -> str:
+    rows = [("device", r["device"]), ("model", r["model"])]
+    for strategy in ("deepspeed", "fsdp"):
+        x = r[strategy]
+        rows.append((f"fp16 {strategy}", f"refused: {x['refused']}" if "refused" in x else
+                     (f"{x['steps']} steps, final loss {x['final_loss']:.4f}, loss scale {x['loss_scale']:g}, "
+                      f"{x['overflow_steps']} overflow steps skipped, resume bit-exact {x['resume']['bit_exact']} "
+                      f"({x['resume']['steps_compared']} steps after step {x['resume']['from_step']})")))
+    return "# GPU check: fp16\n\n| | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
 def markdown(r: dict) -> str:
@@ -195,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=30.0, help="window length in seconds")
     p.add_argument("--train-samples", type=int, default=64, help="synthetic training windows")
     p.add_argument("--eval-examples", type=int, default=8, help="queries in the checkpoint evaluation")
+    p.add_argument("--cases", default="recipe,fp16",
+                   help="what to run per rung, comma-separated: recipe (train, resume, evaluate the recipe), fp16 "
+                        "(both engines in fp16 with loss scaling, cut depth); default %(default)s")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run the same sequence on the CPU at toy sizes (tests the script, measures nothing)")
     a = p.parse_args(argv)
@@ -209,17 +306,29 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if a.steps < 2 or a.steps % 2:
         raise VTGError(f"--steps must be even and >= 2 (the resume check restarts from half), got {a.steps}")
+    cases = {c.strip() for c in a.cases.split(",") if c.strip()}
+    if not cases or cases - {"recipe", "fp16"}:
+        raise VTGError(f"--cases takes recipe and/or fp16, got {a.cases!r}")
     for rung in RUNGS if a.rung == "all" else [a.rung]:
         experiment, base, layers, blocks = RUNGS[rung]
         r = argparse.Namespace(**{**vars(a), "rung": rung, "experiment": experiment, "base": base,
                                   "text_layers": a.text_layers or layers, "vision_blocks": a.vision_blocks or blocks})
-        report = check(r)
         out = Path(a.out) / rung
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
-        (out / "gpu_check.md").write_text(markdown(report))
-        print(markdown(report))
-        if not report["resume"]["bit_exact"]:
-            raise VTGError(f"{rung}: resume was not bit-exact: steps {report['resume']['mismatched_steps']} differ")
+        if "recipe" in cases:
+            report = check(r)
+            (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+            (out / "gpu_check.md").write_text(markdown(report))
+            print(markdown(report))
+            if not report["resume"]["bit_exact"]:
+                raise VTGError(f"{rung}: resume was not bit-exact: steps {report['resume']['mismatched_steps']} "
+                               "differ")
+        if "fp16" in cases:
+            fp16 = fp16_check(r)
+            (out / "fp16.json").write_text(json.dumps(fp16, indent=1) + "\n")
+            (out / "fp16.md").write_text(fp16_markdown(fp16))
+            print(fp16_markdown(fp16))
+            if problems := fp16_problems(fp16):
+                raise VTGError(f"{rung}: " + "; ".join(problems))
     return 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from training import early_stop
+from training import accumulation, early_stop
 from training.callbacks import Callback
 from training.data import (
     StreamSpec,
@@ -255,10 +255,9 @@ class SFTModule(TrainModule):
         self.loader = iter(self._loader()) if not completed else None
         return completed
 
-    def train_step(self) -> None:
-        """Micro-batches until the engine takes one optimizer step (skipped and empty batches do not count)."""
-        st, dev, window = self.state, self.dist.device, self.window
-        dtype = half_dtype(self.cfg.engine.precision)
+    def _next_batch(self) -> dict:
+        """The loader's next non-empty micro-batch (data errors counted; empty batches are consumed, not trained)."""
+        st, window = self.state, self.window
         while True:
             t0 = time.perf_counter()
             try:
@@ -270,19 +269,28 @@ class SFTModule(TrainModule):
             st.batches += 1
             if batch["data_errors"]:
                 self._count_data_errors(batch["data_errors"])
-            if not batch["keys"]:
-                continue
-            inputs = model_inputs(batch, dev, dtype)
-            if is_packed(batch):
-                inputs = packed_inputs(self.rope, batch, inputs)
-            loss = self.engine.forward(inputs)
+            if batch["keys"]:
+                return batch
+
+    def train_step(self) -> None:
+        """One optimizer step over an accumulation window of `train.grad_accum` micro-batches, its loss the mean over
+        all their label tokens (`training.accumulation`: the update of one batch that holds them all); a micro-batch
+        the guard skips is replaced by the stream's next one."""
+        st, dev, window = self.state, self.dist.device, self.window
+        dtype = half_dtype(self.cfg.engine.precision)
+        pending = [self._next_batch() for _ in range(self.tcfg.grad_accum)]
+        tokens = accumulation.window_tokens(pending, dev)
+        while True:
+            batch = pending.pop(0) if pending else self._next_batch()
+            loss = self.engine.forward(micro_inputs(batch, self.rope, dev, dtype))
             value = float(loss.detach())
             verdict = REASON_OF[int(all_reduce_max(REASONS[self.guard.judge(value)], dev))]
             if verdict is not None:
                 self._skip(verdict, value, batch["keys"])
                 continue
-            self.engine.backward(loss)
-            self.micro_losses.append(value)
+            share = accumulation.window_share(loss, batch, tokens)
+            self.engine.backward(share, window_share=True)
+            self.micro_losses.append(float(share.detach()))
             window["tokens"] += float(batch["attention_mask"].sum())
             window["slots"] += batch["input_ids"].numel()
             window["samples"] += len(batch["keys"])
@@ -295,8 +303,9 @@ class SFTModule(TrainModule):
             if self.engine.step():
                 break
         st.step += 1
-        total_loss, step_samples = all_reduce_sum([sum(self.micro_losses) / len(self.micro_losses),
-                                                   self.step_samples], dev)
+        # the window's per-token loss on this rank (times the world size, as `window_tokens` counts): its mean over
+        # ranks is the step's loss over all its label tokens, what one big batch would report
+        total_loss, step_samples = all_reduce_sum([sum(self.micro_losses), self.step_samples], dev)
         self.last_loss, self.micro_losses = total_loss / self.dist.world_size, []
         st.samples += int(step_samples)
         self.step_samples = 0
@@ -314,8 +323,16 @@ class SFTModule(TrainModule):
                 "data_errors": st.data_errors, "wall_s": wall_s, "samples_seen": st.samples,
                 "steps_per_s": (st.step - start_step) / wall_s if wall_s > 0 else 0.0,
                 "completed": st.step >= t.max_steps or self.early is not None, "early_stop": self.early,
-                "data_mix": self.mix_totals(),
+                "data_mix": self.mix_totals(), **self.scaler_metrics(""),
                 **self.monitor.summary(), "losses": list(st.losses)}
+
+    def scaler_metrics(self, prefix: str = "train/") -> dict[str, float]:
+        """fp16's dynamic loss scaler (`training.engine`): the current scale and the optimizer steps it skipped for
+        an overflow so far (each skip halves the scale); {} without one (fp32, bf16)."""
+        scale = self.engine.loss_scale()
+        if scale is None:
+            return {}
+        return {f"{prefix}loss_scale": scale, f"{prefix}overflow_steps": self.engine.overflow_steps()}
 
     def _early_stop(self, stopper: early_stop.EarlyStop | None, saved: Path | None) -> dict | None:
         """`train.early_stop`: rank 0 scores the new checkpoint with the evaluator it was handed and reads the
@@ -339,7 +356,8 @@ class SFTModule(TrainModule):
         self._advise_batching(perf.get("perf/padding_frac"))
         metrics = {"train/loss": self.last_loss, "train/lr": self.step_lr,
                    "train/grad_norm": float("nan") if norm is None else norm,
-                   "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors, **perf,
+                   "train/skipped_batches": st.skipped_batches, "data/errors": st.data_errors,
+                   **self.scaler_metrics(), **perf,
                    **self._mix_shares(self.mix_window)}
         self.window, self.mix_window = self.monitor.new_window(), {}
         return metrics
@@ -389,6 +407,13 @@ class SFTModule(TrainModule):
         if self.guard.skipped():
             raise VTGError(f"{self.guard.consecutive_skips} batches skipped in a row ({reason}): the run has "
                            "diverged; lower train.lr or check the data")
+
+
+def micro_inputs(batch: dict, rope: torch.nn.Module | None, device: torch.device,
+                 dtype: torch.dtype | None) -> dict:
+    """The model's inputs for one collated or packed micro-batch (`rope`: the model's rope owner, for packing)."""
+    inputs = model_inputs(batch, device, dtype)
+    return packed_inputs(rope, batch, inputs) if is_packed(batch) else inputs
 
 
 def train(cfg: PipelineConfig, callbacks: list[Callback] | None = None, stop_after: int | None = None,

@@ -83,8 +83,10 @@ class ConsoleCallback(ProgressConsole):
         return out
 
     def step_line(self, step: int, metrics: dict[str, float]) -> None:
-        log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.1f samples/s %s", step, metrics["train/loss"],
-                 metrics["train/lr"], metrics.get("train/grad_norm", float("nan")),
+        scale = (f" loss_scale {metrics['train/loss_scale']:g} ({metrics['train/overflow_steps']:g} overflow steps "
+                 "skipped)" if "train/loss_scale" in metrics else "")
+        log.info("step %d loss %.4f lr %.2e grad_norm %.3f%s %.1f samples/s %s", step, metrics["train/loss"],
+                 metrics["train/lr"], metrics.get("train/grad_norm", float("nan")), scale,
                  metrics["perf/samples_per_s"], perf_line(metrics))
 
     def end_line(self, summary: dict) -> None:

@@ -10,7 +10,9 @@ class EngineConfig(Section):
     strategy: Literal["deepspeed", "fsdp"] = "deepspeed"
     """Distributed engine: DeepSpeed ZeRO, or PyTorch FSDP2 (`fully_shard`) as the ZeRO-3 alternative."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Training precision (fp32 on CPU: bf16 is ~40x slower there)."""
+    """Training precision (fp32 on CPU: bf16 is ~40x slower there). fp16 trains with dynamic loss scaling (an overflow
+    skips the step and halves the scale, `train/loss_scale`); DeepSpeed refuses it on a CPU without oneDNN fp16, FSDP
+    runs it there with fp32 master weights."""
     deterministic: bool = False
     """Deterministic kernels on every rank (cuBLAS workspace, torch deterministic algorithms with warn_only, cuDNN
     deterministic without benchmark); slower on GPUs. Recorded in every checkpoint's meta.json."""
