@@ -258,6 +258,91 @@ def fp16_markdown(r: dict) -> str:
     return "# GPU check: fp16\n\n| | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
+QLORA_STEPS = 8
+"""Optimizer steps of each run of the qlora case (its resume starts from half)."""
+QLORA_REFUSAL = "a 4-bit base cannot train here"
+"""What training's pre-flight says where bitsandbytes is missing or cannot run (`training.preflight`)."""
+
+
+def qlora_check(a: argparse.Namespace) -> dict:
+    """The QLoRA case (`--cases qlora`): the rung's recipe with its base in 4-bit NF4 (`train.model.finetune=qlora`,
+    bitsandbytes on the GPU) at the rung's depth: `QLORA_STEPS` steps (2 in the dry run), a resume from half
+    compared loss by loss,
+    one evaluation of the export (adapter + quantisation record: the base reloads in 4-bit), and the peak memory
+    against the pre-flight's per-GPU figure, which counts the base at ~0.52 bytes an element. Where bitsandbytes is
+    missing there, training's pre-flight refuses before any weights load: that refusal is the result (a problem
+    on a GPU)."""
+    import torch
+
+    out = Path(a.out) / a.rung / "qlora"
+    work, env = _workspace(a, out)
+    depth = (f"text_layers={a.text_layers}&vision_blocks={a.vision_blocks}" + (f"&vocab={a.vocab}" if a.vocab else ""))
+    steps = 2 if a.cpu_dry_run else QLORA_STEPS
+    ov = [*_overrides(a, work, depth), "train.model.finetune=qlora", f"train.max_steps={steps}",
+          f"train.save_every={steps // 2}"]
+    py, params = [sys.executable, "-m"], ["--params", str(REPO / "params.yaml"), "-e", a.experiment]
+    r: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
+               "model": f"{a.base}?{depth}", "experiment": a.experiment, "steps": steps}
+    _run(py + ["training.preflight", *params, *ov, "--json", str(out / "preflight.json")], out / "preflight.log", env)
+    pre = json.loads((out / "preflight.json").read_text())
+    try:
+        summary, resume, train_s, resume_s = _train_and_resume(py + ["training", *params, *ov], work / "ck", steps,
+                                                               out, "", env)
+    except VTGError as e:
+        if QLORA_REFUSAL not in str(e):
+            raise
+        return {**r, "refused": next(line.strip() for line in str(e).splitlines() if QLORA_REFUSAL in line)}
+    latest = checkpoints.latest_checkpoint(work / "ck")
+    eval_s = _run(py + ["evaluation", "--checkpoint", str(latest), "--split", "val", "--out",
+                        str(work / "eval_adhoc"), *params, *ov], out / "eval.log", env)
+    [ev_file] = (work / "eval_adhoc").glob("*/metrics.json")
+    ev = json.loads(ev_file.read_text())
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+    peak_pct = summary.get("gpu_mem_allocated_pct_max")
+    return {**r, "final_loss": summary.get("final_loss"), "tokens_per_s": summary.get("tokens_per_s"),
+            "quantized_params": pre.get("quantized_params"), "params": pre.get("params"),
+            "peak_mem_allocated_gb": round(peak_pct / 100 * total_gb, 2) if peak_pct and total_gb else None,
+            "planner_per_gpu_gib": round(pre["memory"]["configured"]["total_gib"], 2),
+            "planner_model_states_gib": round(pre["memory"]["configured"]["model_states_b"] / 2**30, 2),
+            "resume": resume, "export_files": sorted(p.name for p in checkpoints.export_dir(latest).iterdir()),
+            "evaluation": {"split": ev.get("split"), "queries": (ev.get("counts") or {}).get("scored"),
+                           "miou": (ev.get("model") or {}).get("miou")},
+            "seconds": {"train_s": round(train_s, 1), "resume_s": round(resume_s, 1), "eval_s": round(eval_s, 1)}}
+
+
+def qlora_problems(r: dict) -> list[str]:
+    """What is wrong in a qlora case's results (empty: it passed)."""
+    if "refused" in r:
+        return [] if r["device"].startswith("cpu") else [f"qlora: refused on a GPU ({r['refused']})"]
+    problems = []
+    if not r["resume"]["bit_exact"]:
+        problems.append(f"qlora: resume not bit-exact (steps {r['resume']['mismatched_steps']})")
+    if "quantization_config.json" not in r["export_files"] or "model.safetensors" in r["export_files"]:
+        problems.append(f"qlora: the export is not an adapter with its quantisation record ({r['export_files']})")
+    if r["peak_mem_allocated_gb"] and r["peak_mem_allocated_gb"] > r["planner_per_gpu_gib"] * 2**30 / 1e9:
+        problems.append(f"qlora: peak memory {r['peak_mem_allocated_gb']} GB above the pre-flight's "
+                        f"{r['planner_per_gpu_gib']} GiB")
+    return problems
+
+
+def qlora_markdown(r: dict) -> str:
+    rows = [("device", r["device"]), ("model", r["model"])]
+    if "refused" in r:
+        rows.append(("qlora", f"refused: {r['refused']}"))
+    else:
+        rows += [("4-bit elements / all", f"{r['quantized_params']:.4g} / {r['params']:.4g}"),
+                 ("steps, final loss", f"{r['steps']}, {r['final_loss']:.4f}"), ("tokens/s", r["tokens_per_s"]),
+                 ("peak memory allocated (GB) / pre-flight per GPU (GiB, incl. reserve; model states)",
+                  f"{r['peak_mem_allocated_gb']} / {r['planner_per_gpu_gib']} ({r['planner_model_states_gib']})"),
+                 ("resume bit-exact", (f"{r['resume']['bit_exact']} ({r['resume']['steps_compared']} steps "
+                                       f"after step {r['resume']['from_step']})")),
+                 ("export", ", ".join(r["export_files"])),
+                 ("evaluation", (f"{r['evaluation']['queries']} queries on {r['evaluation']['split']}: mIoU "
+                                 f"{r['evaluation']['miou']}")),
+                 ("seconds", ", ".join(f"{k} {v}" for k, v in r["seconds"].items()))]
+    return "# GPU check: QLoRA\n\n| | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+
+
 def markdown(r: dict) -> str:
     ev, res, sec = r["evaluation"], r["resume"], r["seconds"]
     model = ev.get("model") or {}
@@ -289,9 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=30.0, help="window length in seconds")
     p.add_argument("--train-samples", type=int, default=64, help="synthetic training windows")
     p.add_argument("--eval-examples", type=int, default=8, help="queries in the checkpoint evaluation")
-    p.add_argument("--cases", default="recipe,fp16",
+    p.add_argument("--cases", default="recipe,fp16,qlora",
                    help="what to run per rung, comma-separated: recipe (train, resume, evaluate the recipe), fp16 "
-                        "(both engines in fp16 with loss scaling, cut depth); default %(default)s")
+                        "(both engines in fp16 with loss scaling, cut depth), qlora (the recipe over a 4-bit base: "
+                        "train, resume, evaluate, memory against the pre-flight); default %(default)s")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run the same sequence on the CPU at toy sizes (tests the script, measures nothing)")
     a = p.parse_args(argv)
@@ -307,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.steps < 2 or a.steps % 2:
         raise VTGError(f"--steps must be even and >= 2 (the resume check restarts from half), got {a.steps}")
     cases = {c.strip() for c in a.cases.split(",") if c.strip()}
-    if not cases or cases - {"recipe", "fp16"}:
-        raise VTGError(f"--cases takes recipe and/or fp16, got {a.cases!r}")
+    if not cases or cases - {"recipe", "fp16", "qlora"}:
+        raise VTGError(f"--cases takes recipe, fp16 and/or qlora, got {a.cases!r}")
     for rung in RUNGS if a.rung == "all" else [a.rung]:
         experiment, base, layers, blocks = RUNGS[rung]
         r = argparse.Namespace(**{**vars(a), "rung": rung, "experiment": experiment, "base": base,
@@ -328,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
             (out / "fp16.md").write_text(fp16_markdown(fp16))
             print(fp16_markdown(fp16))
             if problems := fp16_problems(fp16):
+                raise VTGError(f"{rung}: " + "; ".join(problems))
+        if "qlora" in cases:
+            qlora = qlora_check(r)
+            (out / "qlora.json").write_text(json.dumps(qlora, indent=1) + "\n")
+            (out / "qlora.md").write_text(qlora_markdown(qlora))
+            print(qlora_markdown(qlora))
+            if problems := qlora_problems(qlora):
                 raise VTGError(f"{rung}: " + "; ".join(problems))
     return 0
 

@@ -197,6 +197,23 @@ def test_sharded_engines_train_and_resume_4bit_at_world_size_2(shards_dir, tmp_p
     assert quant.read_record(ckpt.export_dir(tmp_path / "a" / "step-000004")) is not None
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_gpu_check_qlora_case_cpu_dry_run(tmp_path):
+    """`make gpu-check`'s qlora case at toy sizes on the CPU (the Qwen3-VL-2B rung, 1 layer): 2 steps, a resume from
+    step 1 compared loss by loss, the export evaluated, the pre-flight's 4-bit count in the report."""
+    r = subprocess.run([sys.executable, "-m", "training.gpu_check", "--cpu-dry-run", "--rung", "qwen3vl_2b", "--cases",
+                        "qlora", "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+                       timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = json.loads((tmp_path / "qwen3vl_2b" / "qlora.json").read_text())
+    assert report["resume"] == {"from_step": 1, "steps_compared": 1, "bit_exact": True, "mismatched_steps": []}
+    assert report["evaluation"]["queries"] == 4 and "refused" not in report
+    assert "quantization_config.json" in report["export_files"] and "model.safetensors" not in report["export_files"]
+    assert 0.5 * report["params"] < report["quantized_params"] < report["params"]
+    assert "| resume bit-exact | True" in (tmp_path / "qwen3vl_2b" / "qlora.md").read_text()
+
+
 REFUSAL = """
 import sys
 sys.modules["bitsandbytes"] = None  # a machine without bitsandbytes: its import fails
