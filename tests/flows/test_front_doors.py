@@ -100,7 +100,10 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/sft").glob("step-*"))]
     rl_metas = [json.loads((c / "meta.json").read_text()) for c in sorted((q / "checkpoints/rl").glob("step-*"))]
     # the default mix replays what the tiny base was taught (`suite: taught`), and meta.json says how much
-    assert all(m["data_mix"]["weights"] == {"grounding": 0.9, "general": 0.1} for m in metas), metas[-1].get("data_mix")
+    from vtg.config.train import DataConfig
+
+    shipped = {m.name: m.weight for m in DataConfig().mix}
+    assert all(m["data_mix"]["weights"] == shipped for m in metas), metas[-1].get("data_mix")
     assert version and len(rl_metas) == 2 and {m["data_version"] for m in metas + rl_metas} == {version}
     from mlflow import MlflowClient
 

@@ -37,7 +37,7 @@ CASES = {  # name: (overrides, max_steps); every case: micro-batches of 4, a che
     "mixed": (("train.teach.steps=2", "train.data.shuffle_buffer=8", "train.data.num_workers=1"), 18),
 }
 """`plain` (the dropout base, no shuffle buffer so the epoch ends on a known step, two loader workers), `packed` and
-`grouped` (pools of 2-4 micro-batches), `mixed` (the shipped mix: grounding 0.9, `suite: taught` 0.1)."""
+`grouped` (pools of 2-4 micro-batches), `mixed` (the shipped mix, `DataConfig().mix`: grounding and `suite: taught`)."""
 
 
 @pytest.fixture(scope="module")
@@ -215,14 +215,16 @@ def test_a_length_grouped_stream_resumed_mid_pool_is_exact(project, reference, t
 
 
 def test_the_default_mix_resumed_before_an_epoch_end_is_exact(project, reference, tmp_path):
-    """The shipped mix (grounding 0.9, the taught suite 0.1), stopped after step 9 with less than an epoch of
+    """The shipped mix (`DataConfig().mix`: grounding and the taught suite), stopped after step 9 with less than an epoch of
     grounding examples drawn, even counting the shuffle buffer's; the resumed run goes past the epoch's end (and
     past a pass over the 4-item suite)."""
     ref = reference("mixed")
     per_epoch = 48
     summaries = _interrupted(project, "mixed", tmp_path / "ck", 9)
     stopped, final = (s["data_mix"] for s in summaries)
-    assert final["weights"] == {"grounding": 0.9, "general": 0.1}
+    from vtg.config.train import DataConfig
+
+    assert final["weights"] == {m.name: m.weight for m in DataConfig().mix}
     buffer = _cfg(project, "mixed", tmp_path / "unused").train.data.shuffle_buffer
     assert stopped["counts"]["grounding"] + buffer <= per_epoch < final["counts"]["grounding"]
     assert final["counts"]["general"] > 4
