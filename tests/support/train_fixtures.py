@@ -20,6 +20,20 @@ def synthetic_window(rng: np.random.Generator, key: str, split: str, **window) -
     return synthetic.synthetic_window(rng, key, split, source="fixture", **window)
 
 
+def write_undecodable_shard(root: str | Path, n: int = 4) -> Path:
+    """`<root>/train/shard-000000.tar` of `n` contract-true windows whose frames are raw pixel bytes, not JPEG: a
+    shard every sample of which the loader skips as bad data. Returns the shard's path."""
+    rng = np.random.default_rng(0)
+    raw = np.full((56, 56, 3), 128, np.uint8).tobytes()
+    samples = []
+    for i in range(n):
+        meta, _ = synthetic_window(rng, f"trainvid{i:03d}-0000", "train")
+        samples.append((meta, [raw] * meta.num_frames))
+    path = Path(root) / "train" / (shards.SHARD_PATTERN % 0)
+    shards.write_shard(path, samples)
+    return path
+
+
 def write_fixture_shards(root: str | Path, n_train: int = 24, n_val: int = 6, shards_per_split: int = 2,
                          seed: int = 0, **kw) -> Path:
     return synthetic.write_synthetic_shards(root, n_train, n_val, shards_per_split, seed, source="fixture", **kw)

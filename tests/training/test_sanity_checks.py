@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.train_fixtures import synthetic_window
+from support.train_fixtures import write_undecodable_shard
 
 from training.__main__ import main
 from training.sanity import SanityError, check_examples, check_model
-from vtg import shards
 from vtg.config.train import ModelConfig
 from vtg.model.modeling import count_parameters, load_model_and_tokenizer
 from vtg.model.processing import VisionParams, encode_example, save_processor_config
@@ -125,13 +124,7 @@ def test_an_eos_the_tokenizer_splits_after_an_answer_leaves_the_answer_without_i
 def test_shards_whose_frames_are_not_jpeg_have_no_decodable_example(tmp_path):
     """Hand-written shards whose frames are raw pixel bytes (not JPEG-encoded): every sample is skipped. (Without
     this check the run spins on empty batches, never taking a step.)"""
-    rng = np.random.default_rng(0)
-    raw = np.full((56, 56, 3), 128, np.uint8).tobytes()
-    samples = []
-    for i in range(4):
-        meta, _ = synthetic_window(rng, f"trainvid{i:03d}-0000", "train")
-        samples.append((meta, [raw] * meta.num_frames))
-    shards.write_shard(tmp_path / "shards" / "train" / (shards.SHARD_PATTERN % 0), samples)
+    write_undecodable_shard(tmp_path / "shards")
     message = _refusal(tmp_path / "shards", tmp_path / "ck")
     assert message.startswith("no decodable training examples in the first shards (first error: bad_sample: ")
     assert "trainvid000-0000" in message and "nothing would train" in message

@@ -143,19 +143,12 @@ def test_a_stream_that_gives_no_example_stops_with_an_error_instead_of_spinning(
     """Shards whose every sample is broken (frames that are not JPEG), read by a stream that resamples (the default):
     before, the loader skipped them forever and training never took a step; now `BAD_RUN_LIMIT` samples in a row
     without an example stop it with one error that names the last bad sample and what to do."""
-    import numpy as np
-    from support.train_fixtures import synthetic_window
+    from support.train_fixtures import write_undecodable_shard
 
     from training import data
 
     monkeypatch.setattr(data, "BAD_RUN_LIMIT", 12)
-    rng = np.random.default_rng(0)
-    raw = np.full((56, 56, 3), 128, np.uint8).tobytes()
-    samples = []
-    for i in range(4):
-        meta, _ = synthetic_window(rng, f"trainvid{i:03d}-0000", "train")
-        samples.append((meta, [raw] * meta.num_frames))
-    urls = _hand_written_shard(tmp_path / "shards", samples)
+    urls = (str(write_undecodable_shard(tmp_path / "shards")),)
     spec = StreamSpec(urls=urls, seed=3, micro_batch_size=4, shuffle_buffer=0, resampled=True)
     with pytest.raises(VTGError, match=r"^12 training samples in a row gave no example \(last: bad_sample: .*"
                                        r"trainvid00\d-0000\): the shards past this point are broken; re-run preprocess"):
