@@ -31,16 +31,18 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	# uv installs (pip took 4 min 30 s for the same set on 2 cores, uv about 40 s; docs/environment.md).
-	test -x $(UV) || $(PIP) install -q "uv==$(UV_VERSION)"
+	# Where uv cannot be installed or cannot reach the index, each step falls back to pip (same versions, slower).
+	test -x $(UV) || $(PIP) install -q "uv==$(UV_VERSION)" || echo "uv not installed: setting up with pip"
 	# CPU torch first (the wheel on disk here); a GPU user installs their CUDA torch instead (docs/gpu.md).
-	$(UV) pip install --python $(PY) -q $(addprefix --find-links ,$(TORCH_FIND_LINKS)) "torch==2.13.0"
+	$(UV) pip install --python $(PY) -q $(addprefix --find-links ,$(TORCH_FIND_LINKS)) "torch==2.13.0" \
+	  || $(PIP) install -q "torch==2.13.0"
 	# Everything else at the versions constraints.txt locks (resolved once, not at every setup).
-	$(UV) pip install --python $(PY) -q -c constraints.txt -e ".[dev]"
+	$(UV) pip install --python $(PY) -q -c constraints.txt -e ".[dev]" || $(PIP) install -q -c constraints.txt -e ".[dev]"
 	# PySceneDetect without its opencv-python dependency (it would delete cv2 of opencv-python-headless).
-	$(UV) pip install --python $(PY) -q --no-deps "scenedetect==0.7.2"
+	$(UV) pip install --python $(PY) -q --no-deps "scenedetect==0.7.2" || $(PIP) install -q --no-deps "scenedetect==0.7.2"
 	# lmms-eval for the parity test of our readers of its answers (tests/evaluation/test_lmms_parity.py), without its
 	# dependencies (large, and they clash with ours): the test loads its task files by path, never the package.
-	$(UV) pip install --python $(PY) -q --no-deps "lmms-eval==0.7.3"
+	$(UV) pip install --python $(PY) -q --no-deps "lmms-eval==0.7.3" || $(PIP) install -q --no-deps "lmms-eval==0.7.3"
 	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
 	rm -f $(VENV)/.installed-*; touch $@
 
