@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ingest.items import Parsed, RawItem, Rejected, as_id, as_number, as_windows
 from ingest.items import lines as text_lines
@@ -67,7 +67,9 @@ def _entry(vid: str, entry: object) -> Iterator[tuple[str, RawItem | Rejected]]:
         yield raw, RawItem(vid, sentence, windows, duration, aid)
 
 
-def parse(text: str, name: str = "") -> Iterator[Parsed]:
+def parse_video_object(text: str, entry: Callable[[str, object], Iterator]) -> Iterator[Parsed]:
+    """A JSON object keyed by video id (ActivityNet Captions, TimeLens-Bench): `entry(video_id, value)` yields
+    (raw, item) per query; each comes with the line its video id is on."""
     try:
         data = json.loads(text)
     except ValueError as e:
@@ -77,6 +79,10 @@ def parse(text: str, name: str = "") -> Iterator[Parsed]:
         yield 1, text[:200], Rejected(UNKNOWN_FORMAT, "top level is not an object of video ids")
         return
     lines = key_lines(text)
-    for vid, entry in data.items():
-        for raw, item in _entry(vid, entry):
+    for vid, value in data.items():
+        for raw, item in entry(vid, value):
             yield lines.get(vid, 1), raw, item
+
+
+def parse(text: str, name: str = "") -> Iterator[Parsed]:
+    return parse_video_object(text, _entry)

@@ -13,9 +13,9 @@ import json
 import re
 from collections.abc import Iterator
 
-from ingest.formats.activitynet import key_lines
+from ingest.formats.activitynet import parse_video_object
 from ingest.items import Parsed, RawItem, Rejected, as_id, as_number, as_windows
-from ingest.reasons import UNKNOWN_FORMAT, UNPARSABLE
+from ingest.reasons import UNPARSABLE
 
 KEYS = ("spans", "queries")
 """The keys that tell a TimeLens-Bench entry from an ActivityNet Captions one (`timestamps`, `sentences`)."""
@@ -56,18 +56,7 @@ def _entry(vid: str, entry: object) -> Iterator[tuple[str, RawItem | Rejected]]:
 
 
 def parse(text: str, name: str = "") -> Iterator[Parsed]:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        yield getattr(e, "lineno", 1), text[:200], Rejected(UNPARSABLE, f"not JSON ({e})")
-        return
-    if not isinstance(data, dict):
-        yield 1, text[:200], Rejected(UNKNOWN_FORMAT, "top level is not an object of video ids")
-        return
-    lines = key_lines(text)
-    for vid, entry in data.items():
-        for raw, item in _entry(vid, entry):
-            yield lines.get(vid, 1), raw, item
+    return parse_video_object(text, _entry)
 
 
 def looks_like(data: object) -> bool:
