@@ -19,7 +19,7 @@ from pathlib import Path
 from evaluation import intervals
 from vtg.config import EvaluateConfig
 from vtg.errors import VTGError
-from vtg.general_tasks import GeneralItem, is_correct, load_frames, prompt_text, read_suite
+from vtg.general_tasks import GeneralItem, is_correct, prompt_text, read_suite, suite_frames
 from vtg.io import file_digest, write_json_atomic
 from vtg.queries import QueryExample
 
@@ -49,15 +49,11 @@ def ask(model, tokenizer, items: list[GeneralItem], cfg: EvaluateConfig, device,
     from vtg.model.generation import greedy_answers
 
     f = cfg.forgetting
-    clips: dict[tuple, tuple] = {}
+    clips = suite_frames(items, f.num_frames, f.frame_size)  # aligned with items
     rows = []
     for start in range(0, len(items), batch_size):
         batch = []
-        for item in items[start:start + batch_size]:
-            where = (item.video or item.image, item.start_s, item.end_s)
-            if where not in clips:
-                clips[where] = load_frames(item, f.num_frames, f.frame_size)
-            frames, times = clips[where]
+        for item, (frames, times) in zip(items[start:start + batch_size], clips[start:start + batch_size]):
             batch.append(QueryExample(key=item.id, query=prompt_text(item), windows=[(0.0, 1.0)],
                                       duration_s=max(times[-1], 1.0), source="general", frames=frames,
                                       timestamps=times))

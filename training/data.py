@@ -253,17 +253,11 @@ def keep_by_source(examples: Iterator[dict], keep: tuple[float, float], rng: ran
 
 @lru_cache(maxsize=8)
 def _suite_clips(suite: str, num_frames: int, frame_size: int) -> tuple[tuple, ...]:
-    """(item, frames, times) of every item of a general-task suite, each clip decoded once per process."""
-    from vtg.general_tasks import load_frames, read_suite
+    """(item, frames, times) of every item of a general-task suite, decoded once per process."""
+    from vtg.general_tasks import read_suite, suite_frames
 
-    items, clips = read_suite(suite), {}
-    out = []
-    for item in items:
-        where = (item.video or item.image, item.start_s, item.end_s)
-        if where not in clips:
-            clips[where] = load_frames(item, num_frames, frame_size)
-        out.append((item, *clips[where]))
-    return tuple(out)
+    items = read_suite(suite)
+    return tuple((item, *clip) for item, clip in zip(items, suite_frames(items, num_frames, frame_size)))
 
 
 def general_rows(name: str, suite: str, frames: tuple[int, int], tokenizer, vision: VisionParams) -> list[dict]:

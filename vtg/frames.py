@@ -92,20 +92,38 @@ def resize_stored(frame: np.ndarray, frame_size: int) -> np.ndarray:
     return cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA) if (h, w) != frame.shape[:2] else frame
 
 
+def _span_picks(times: np.ndarray, path: str, start_s: float, end_s: float | None, num_frames: int) -> np.ndarray:
+    """Indices of the frames `clip_frames` shows for [start_s, end_s) (end None: the video's end)."""
+    end = clock.end_time(times, video_facts(path)[1]) if end_s is None else end_s
+    inside = np.flatnonzero((times >= start_s - clock.RESOLUTION_S / 2) & (times < end - clock.RESOLUTION_S / 2))
+    if not len(inside):
+        inside = clock.nearest(times, np.array([start_s]))
+    return inside[np.unique(np.linspace(0, len(inside) - 1, num_frames).round().astype(int))]
+
+
+def clips_frames(path: str, spans: list[tuple[float, float | None]], num_frames: int,
+                 frame_size: int) -> list[tuple[np.ndarray, list[float]]]:
+    """`clip_frames` of several spans of one video in two passes over the file in all (its clock, then the union of
+    the spans' frames), not two per span: the same frames and times as one `clip_frames` call per span."""
+    times = frame_times(path)
+    if not len(times):
+        raise VTGError(f"{path}: cannot read the video")
+    picks = [_span_picks(times, path, start, end, num_frames) for start, end in spans]
+    decoded, got, shown = decode_at(path, np.unique(np.concatenate(picks)))
+    stored = {i: (resize_stored(f, frame_size), t) for i, f, t in zip(got, decoded, shown)}
+    out = []
+    for (start, _), pick in zip(spans, picks):
+        have = [int(i) for i in pick if int(i) in stored]
+        if not have:
+            raise VTGError(f"{path}: no frame could be decoded at {int(pick[0])}-{int(pick[-1])}")
+        out.append((np.stack([stored[i][0] for i in have]), [round(stored[i][1] - start, 4) for i in have]))
+    return out
+
+
 def clip_frames(path: str, start_s: float, end_s: float | None, num_frames: int,
                 frame_size: int) -> tuple[np.ndarray, list[float]]:
     """(uint8 RGB frames [T, H, W, 3], stored-size, and their presentation times in seconds from `start_s`): the frames
     shown in [start_s, end_s) (end None: the video's end), `num_frames` of them spread first to last over that span
     as the families' processors spread a video's frames (`linspace`, rounded); never a repeated frame: a clip with
     fewer frames gives fewer."""
-    times = frame_times(path)
-    if not len(times):
-        raise VTGError(f"{path}: cannot read the video")
-    end = clock.end_time(times, video_facts(path)[1]) if end_s is None else end_s
-    inside = np.flatnonzero((times >= start_s - clock.RESOLUTION_S / 2) & (times < end - clock.RESOLUTION_S / 2))
-    if not len(inside):
-        inside = clock.nearest(times, np.array([start_s]))
-    pick = inside[np.unique(np.linspace(0, len(inside) - 1, num_frames).round().astype(int))]
-    decoded, _, shown = decode_at(path, pick)
-    return (np.stack([resize_stored(f, frame_size) for f in decoded]),
-            [round(t - start_s, 4) for t in shown])
+    return clips_frames(path, [(start_s, end_s)], num_frames, frame_size)[0]

@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from vtg.errors import VTGError
-from vtg.frames import clip_frames, resize_stored
+from vtg.frames import clip_frames, clips_frames, resize_stored
 
 
 class GeneralItem(BaseModel):
@@ -119,3 +119,28 @@ def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np
             raise VTGError(f"{item.id}: cannot read the image {item.image}")
         return resize_stored(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), frame_size)[None], [0.0]
     return clip_frames(item.video, item.start_s, item.end_s, num_frames, frame_size)
+
+
+def suite_frames(items: list[GeneralItem], num_frames: int,
+                 frame_size: int) -> list[tuple[np.ndarray, list[float]]]:
+    """`load_frames` of every item, aligned with `items`: each video read in one `clips_frames` call for all its
+    items' clips (two passes over the file, not two per item), each image once. The one loader of a whole suite
+    (teaching, the training mix, retention)."""
+    by_video: dict[str, list[tuple[float, float | None]]] = {}
+    for item in items:
+        if item.video:
+            spans = by_video.setdefault(item.video, [])
+            if (item.start_s, item.end_s) not in spans:
+                spans.append((item.start_s, item.end_s))
+    clips = {(video, *span): clip for video, spans in by_video.items()
+             for span, clip in zip(spans, clips_frames(video, spans, num_frames, frame_size))}
+    images: dict[str, tuple[np.ndarray, list[float]]] = {}
+    out = []
+    for item in items:
+        if item.video:
+            out.append(clips[(item.video, item.start_s, item.end_s)])
+        else:
+            if item.image not in images:
+                images[item.image] = load_frames(item, num_frames, frame_size)
+            out.append(images[item.image])
+    return out

@@ -104,19 +104,17 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     import torch
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from vtg.general_tasks import answer_text, load_frames, prompt_text, read_suite
+    from vtg.general_tasks import answer_text, prompt_text, read_suite, suite_frames
+    from vtg.model.attention import use_varlen_vision
     from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, encode_example
     from vtg.model.processor_facts import save_processor_config
 
     t0 = time.perf_counter()
     items = read_suite(suite)
-    clips: dict[tuple, tuple] = {}
-    for item in items:  # decode each clip once (two questions share a clip)
-        where = (item.video or item.image, item.start_s, item.end_s)
-        if where not in clips:
-            clips[where] = load_frames(item, s["num_frames"], s["frame_size"])
+    clips = suite_frames(items, s["num_frames"], s["frame_size"])  # aligned with items
     torch.manual_seed(s["seed"])
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+    use_varlen_vision(model)  # the same numbers, fewer calls
     tokenizer = AutoTokenizer.from_pretrained(base)
     # taught (and recorded, so asked) as SFT will encode: a prompt order the base never saw reads as forgetting
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = s["query_position"]
@@ -141,8 +139,7 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     def batch(step: int) -> list[dict]:
         out = []
         for i in draw():
-            item = items[i]
-            frames, times = clips[(item.video or item.image, item.start_s, item.end_s)]
+            item, (frames, times) = items[i], clips[i]
             out.append(encode_example(tokenizer, frames, times, prompt_text(item), answer_text(item), vision=vision,
                                       key=item.id))
         return out
