@@ -25,7 +25,9 @@ taught them (`training.teach`) so that there is something to forget.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -121,24 +123,64 @@ def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np
     return clip_frames(item.video, item.start_s, item.end_s, num_frames, frame_size)
 
 
+CLIPS_VERSION = 1
+"""Bump when `clips_frames` would give other frames for the same files (invalidates `suite_frames`' cache)."""
+
+
+def _clips_key(clips: list[tuple], num_frames: int, frame_size: int) -> str:
+    """The cache key of decoding `clips` [(video, start_s, end_s)]: every file's identity (path, size, mtime) and
+    span, and the frame settings."""
+    files = {v: os.stat(v) for v, _, _ in clips}
+    spec = [CLIPS_VERSION, num_frames, frame_size,
+            [[v, files[v].st_size, files[v].st_mtime_ns, s, e] for v, s, e in clips]]
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
+
+
+def _decoded_clips(clips: list[tuple], num_frames: int, frame_size: int) -> list[tuple[np.ndarray, list[float]]]:
+    """`clips_frames` of `clips` [(video, start_s, end_s)], in their order: read from the on-disk cache
+    (`$VTG_TINY_CACHE/../suite_frames`, keyed by the files' identities and the settings) when a process decoded them
+    before, else decoded (one `clips_frames` call per video) and cached for the next process. Every evaluation,
+    the teaching and the training mix of a run read the same suite: decoded once, not once per process."""
+    from vtg.model.tiny import build_once, default_cache_dir
+
+    key = _clips_key(clips, num_frames, frame_size)
+    out = default_cache_dir().parent / "suite_frames" / key
+
+    def decode_into(tmp: Path) -> None:
+        by_video: dict[str, list[tuple[float, float | None]]] = {}
+        for video, start, end in clips:
+            by_video.setdefault(video, []).append((start, end))
+        got = {(video, *span): clip for video, spans in by_video.items()
+               for span, clip in zip(spans, clips_frames(video, spans, num_frames, frame_size))}
+        decoded = [got[c] for c in clips]
+        with open(tmp / "frames.u8", "wb") as f:
+            f.writelines(np.ascontiguousarray(frames, np.uint8).tobytes() for frames, _ in decoded)
+        (tmp / "index.json").write_text(json.dumps([[list(fr.shape), t] for fr, t in decoded]))
+        (tmp / "DONE").write_text(json.dumps({"key": key}))
+
+    build_once(out, "DONE", {"key": key}, decode_into)
+    flat = np.fromfile(out / "frames.u8", np.uint8)
+    result, at = [], 0
+    for shape, times in json.loads((out / "index.json").read_text()):
+        n = int(np.prod(shape))
+        result.append((flat[at:at + n].reshape(shape), times))
+        at += n
+    return result
+
+
 def suite_frames(items: list[GeneralItem], num_frames: int,
                  frame_size: int) -> list[tuple[np.ndarray, list[float]]]:
     """`load_frames` of every item, aligned with `items`: each video read in one `clips_frames` call for all its
-    items' clips (two passes over the file, not two per item), each image once. The one loader of a whole suite
-    (teaching, the training mix, retention)."""
-    by_video: dict[str, list[tuple[float, float | None]]] = {}
-    for item in items:
-        if item.video:
-            spans = by_video.setdefault(item.video, [])
-            if (item.start_s, item.end_s) not in spans:
-                spans.append((item.start_s, item.end_s))
-    clips = {(video, *span): clip for video, spans in by_video.items()
-             for span, clip in zip(spans, clips_frames(video, spans, num_frames, frame_size))}
+    items' clips (two passes over the file, not two per item) and kept in an on-disk cache for the next process
+    (`_decoded_clips`), each image read once. The one loader of a whole suite (teaching, the training mix,
+    retention)."""
+    clips = list(dict.fromkeys((item.video, item.start_s, item.end_s) for item in items if item.video))
+    decoded = dict(zip(clips, _decoded_clips(clips, num_frames, frame_size))) if clips else {}
     images: dict[str, tuple[np.ndarray, list[float]]] = {}
     out = []
     for item in items:
         if item.video:
-            out.append(clips[(item.video, item.start_s, item.end_s)])
+            out.append(decoded[(item.video, item.start_s, item.end_s)])
         else:
             if item.image not in images:
                 images[item.image] = load_frames(item, num_frames, frame_size)

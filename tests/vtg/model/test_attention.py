@@ -11,7 +11,7 @@ from tests.support.clock_fixtures import write_pts_video
 from vtg.general_tasks import GeneralItem, load_frames, suite_frames
 from vtg.model.attention import VARLEN_SDPA, use_varlen_vision
 from vtg.model.modeling import load_model_and_tokenizer
-from vtg.model.tiny import build_tiny_model
+from vtg.model.tiny import build_tiny_model, default_cache_dir
 
 
 def _tower_run(model, pixels, grid):
@@ -71,9 +71,19 @@ def test_suite_frames_equal_one_clip_per_item(tmp_path):
                                          "start_s": s, "end_s": e}) for k, (v, s, e) in enumerate(spans)]
     items.append(GeneralItem.model_validate({"id": "img", "task": "t", "question": "q?", "answer": "a",
                                              "image": str(image)}))
-    grouped = suite_frames(items, 5, 56)
-    assert len(grouped) == len(items)
-    for item, (frames, times) in zip(items, grouped):
+    cache = default_cache_dir().parent / "suite_frames"
+    before = set(cache.glob("*")) if cache.is_dir() else set()
+    grouped = suite_frames(items, 5, 56)  # decoded, then kept on disk
+    (made,) = set(cache.glob("*")) - before
+    cached = suite_frames(items, 5, 56)  # read back from the cache
+    assert len(grouped) == len(cached) == len(items)
+    for item, (frames, times), (frames2, times2) in zip(items, grouped, cached):
         alone, alone_times = load_frames(item, 5, 56)
         assert np.array_equal(frames, alone) and times == alone_times, json.loads(item.model_dump_json())
+        assert np.array_equal(frames2, alone) and times2 == alone_times and frames2.dtype == np.uint8
     assert len(grouped[3][0]) == 1  # no frame inside: the nearest one, as alone
+    # a changed file is a new key: decoded again, never served stale frames
+    write_pts_video(steady, [i / 8 for i in range(40)], (2.0, 3.0), size=64)
+    again = suite_frames(items, 5, 56)
+    assert set(cache.glob("*")) - before - {made}
+    assert np.array_equal(again[0][0], load_frames(items[0], 5, 56)[0])
