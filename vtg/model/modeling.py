@@ -14,8 +14,8 @@ import torch
 
 from vtg.errors import VTGError
 from vtg.model import quant
-from vtg.model.attention import use_varlen_vision
 from vtg.model.families import DEFAULT, family_of
+from vtg.model.fast_vision import fast_vision
 from vtg.model.tiny import build_tiny_model
 
 __all__ = [
@@ -110,7 +110,8 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
     `shape-true:` spec. Returns (model, tokenizer).
 
     - `trainable=False` (evaluation, RL's frozen reference): eval mode, no parameter requires grad.
-    - sdpa models' vision towers attend span by span in a few calls (`vtg.model.attention`, the same numbers).
+    - the vision tower runs `vtg.model.fast_vision`: sdpa attention span by span in a few calls (the same
+      numbers), the patch embedding as a matrix product.
     - `trainable=True` with an adapter export (RL's policy): the adapters train, the base stays frozen.
     - `trainable=True` with `finetune` (a `train.model` section; SFT from a base): KV cache off, gradient
       checkpointing if asked, then full fine-tuning or fresh LoRA adapters (`apply_finetune_mode`); `qlora`
@@ -147,14 +148,14 @@ def load_model_and_tokenizer(path_or_id: str | Path, *, attn_implementation: str
             if not base:
                 raise VTGError(f"{adapter_cfg}: no base_model_name_or_path; cannot load the LoRA base")
             model = AutoModelForImageTextToText.from_pretrained(base, **kw)
-            use_varlen_vision(model)
+            fast_vision(model)
             if record is not None and dequantize:
                 model = model.dequantize().to(dtype)
             model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
             tok_src = str(path) if (path / "tokenizer_config.json").is_file() else base
         else:
             model = AutoModelForImageTextToText.from_pretrained(source, **kw)
-            use_varlen_vision(model)
+            fast_vision(model)
             tok_src = source
         tokenizer = AutoTokenizer.from_pretrained(tok_src)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:

@@ -24,7 +24,7 @@ from vtg.io import file_digest
 
 log = logging.getLogger(__name__)
 
-TEACH_VERSION = "3"  # 2: several tasks in balanced batches (`draw`); 3: the encoding recorded (query position, time)
+TEACH_VERSION = "4"  # 2: several tasks in balanced batches (`draw`); 3: the encoding recorded (query position, time); 4: the patch embedding as a product (`vtg.model.fast_vision`)
 MARKER = "teach_build.json"
 
 
@@ -105,7 +105,7 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     from vtg.general_tasks import answer_text, prompt_text, read_suite, suite_frames
-    from vtg.model.attention import use_varlen_vision
+    from vtg.model.fast_vision import fast_vision
     from vtg.model.processing import QUERY_POSITION_KEY, TIMESTAMPS_KEY, VisionParams, encode_example
     from vtg.model.processor_facts import save_processor_config
 
@@ -114,7 +114,7 @@ def _teach_into(tmp: Path, base: Path, suite: Path, s: dict, marker: dict) -> No
     clips = suite_frames(items, s["num_frames"], s["frame_size"])  # aligned with items
     torch.manual_seed(s["seed"])
     model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
-    use_varlen_vision(model)  # the same numbers, fewer calls
+    fast_vision(model)  # the same numbers, fewer calls
     tokenizer = AutoTokenizer.from_pretrained(base)
     # taught (and recorded, so asked) as SFT will encode: a prompt order the base never saw reads as forgetting
     tokenizer.init_kwargs[QUERY_POSITION_KEY] = s["query_position"]
