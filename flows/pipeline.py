@@ -21,12 +21,13 @@ from prefect.tasks import exponential_backoff
 
 from flows import report, tasks, tracking
 from flows.evaluator import CheckpointEvaluator
-from flows.stages import ConfigArgs
+from flows.stages import BackgroundStage, ConfigArgs, module_cmd
 from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
 from vtg.shards import data_version
 
+log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
 ENV_FAIL_FLAG = "VTG_FAIL_AFTER_PREPROCESS_FLAG"  # test hook: fail after preprocessing while this file exists
 
@@ -70,11 +71,16 @@ def post_training(params: str = "params.yaml", experiment: str | None = None,
     parent = tracking.pipeline_run(cfg, flow_run_id, {lineage.TAG_GIT_COMMIT: summary["git_commit"],
                                                       lineage.TAG_CONFIG_HASH: summary["config_hash"]})
     summary["mlflow_parent_run_id"] = parent
+    early: list[BackgroundStage] = []  # the base's preparation, started once the corpus exists
     try:
-        _data_steps(cfg, args, parent, summary)
+        _data_steps(cfg, args, parent, summary, early)
         _maybe_inject_failure()
+        for prep in early:
+            _wait_for_base(prep)
         _train_and_evaluate(cfg, args, parent, flow_run_id, summary)
     except BaseException:
+        for prep in early:
+            prep.stop()
         tracking.finish(cfg, parent, "FAILED")
         raise
     for name, step in summary["stages"].items():
@@ -91,11 +97,39 @@ def rl_override(rl: bool | None) -> list[str]:
     return [] if rl is None else [f"orchestration.rl={'true' if rl else 'false'}"]
 
 
-def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summary: dict[str, Any]) -> None:
+def _start_base(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None:
+    """`python -m training.prepare_base` in the background when the train stage's base is a tiny one to teach:
+    the teaching (and the suite's decoding) then runs beside ingest, annotate and preprocess instead of at the
+    start of the train stage, which finds both in their caches (the same keys: the same base, bit for bit)."""
+    from vtg.config.train import taught_suite
+
+    if taught_suite(cfg.train.teach, cfg.train.model.base) is None:
+        return None
+    log_path = Path(cfg.orchestration.state_dir) / "prepare_base.log"
+    return BackgroundStage("prepare-base", module_cmd("training.prepare_base", args.argv()), log_path)
+
+
+def _wait_for_base(prep: BackgroundStage) -> None:
+    """Join the base's preparation; a failure is only logged: the train stage prepares the base itself and
+    reports what went wrong as its own error."""
+    t0 = time.perf_counter()
+    rc = prep.wait()
+    if time.perf_counter() - t0 > 1:
+        log.info("waited %.0f s for the base's preparation", time.perf_counter() - t0)
+    if rc != 0:
+        log.warning("preparing the base failed (exit %d, log: %s): the train stage prepares it itself", rc,
+                    prep.log_path)
+
+
+def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summary: dict[str, Any],
+                early: list[BackgroundStage]) -> None:
     stages = summary["stages"]
     common = {"cfg": cfg, "args": args, "parent": parent}
     if cfg.orchestration.build_corpus:
         stages["corpus"] = _call(tasks.build_corpus, **common)
+    prep = _start_base(cfg, args)  # needs the corpus (the general suite), nothing after it
+    if prep is not None:
+        early.append(prep)
     src = lineage.source_digest([*cfg.ingest.annotations, cfg.ingest.video_root])
     stages["ingest"] = _call(tasks.ingest, source=src, **common)
     stages["annotate"] = _call(tasks.annotate, source=src, **common)

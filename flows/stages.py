@@ -242,6 +242,30 @@ def _repeated_progress(line: str, last: dict[str, str]) -> bool:
     return False
 
 
+class BackgroundStage:
+    """A stage CLI running beside the flow's next steps (its output to `log_path`): `wait()` joins it and returns
+    its exit code, `stop()` ends it (the flow failed or was interrupted). Like every child it dies with the flow
+    (`spawn`)."""
+
+    def __init__(self, name: str, argv: list[str], log_path: str | Path, env: dict[str, str] | None = None):
+        self.name, self.log_path, self.t0 = name, Path(log_path), time.perf_counter()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as out:
+            self.proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        log.info("[%s] started in the background (log: %s): $ %s", name, self.log_path, " ".join(argv))
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        stop_process(self.proc)  # stray group members
+        log.info("[%s] exited with code %d after %.0f s (log: %s)", self.name, rc, time.perf_counter() - self.t0,
+                 self.log_path)
+        return rc
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
 def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None,
               on_line: Callable[[str], None] | None = None, tail_lines: int = 30) -> StageResult:
     """Run one stage process, streaming every output line as it comes; raise StageFailed on a non-zero exit."""

@@ -85,6 +85,12 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert "=== post-training finished" in flow
     times = next(line for line in flow.splitlines() if line.startswith("stage times     : "))
     assert all(f"{stage} " in times for stage in ("corpus", "preprocess", "train", "rl", "evaluate")), times
+    # the tiny base was taught beside ingest/annotate/preprocess (training.prepare_base), not by the train stage,
+    # which found it in the cache: the metrics below equal door 1's, whose train stage taught it itself
+    assert "[prepare-base] started in the background" in flow and "[prepare-base] exited with code 0" in flow
+    assert flow.index("[prepare-base] started") < flow.index("[ingest] $ ")
+    assert "taught the base" in (q / "reports/orchestration/prepare_base.log").read_text()
+    assert not [line for line in flow.splitlines() if "[train]" in line and "taught the base" in line]
     assert "Data and pipelines are up to date" in dvc(q, "status")
     assert ran(dvc(q, "repro")) == [] and outputs_with_symlinks(q) == []
     flow_metrics = json.loads((q / "reports/eval/metrics.json").read_text())
