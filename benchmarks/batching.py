@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    from training.data import ErrorLog, ShardStream, StreamSpec, padding_fraction, resolve_urls
+    from training.batching import padding_fraction
+    from training.data import ErrorLog, ShardStream, StreamSpec, resolve_urls
     from vtg.model.processing import VisionParams
     from vtg.model.tiny import build_tiny_model
 

@@ -354,7 +354,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
     general = None
     mix = t.mix_sources()
     if any(m.suite for m in mix):
-        from training.data import longest_general
+        from training.mix import longest_general
 
         frames = (cfg.evaluate.forgetting.num_frames, cfg.evaluate.forgetting.frame_size)
         general = longest_general(mix, frames, tokenizer, vision)

@@ -20,8 +20,6 @@ from training import accumulation, early_stop
 from training.callbacks import Callback
 from training.data import (
     StreamSpec,
-    check_mix_sources,
-    check_mix_suites,
     make_loader,
     read_examples,
     resolve_urls,
@@ -39,6 +37,7 @@ from training.dist import (
 from training.engine import EngineSettings, build_engine
 from training.guards import REASON_OF, REASONS, StabilityGuard
 from training.metrics import PerfMonitor, model_flops, vision_patches
+from training.mix import check_mix_sources, check_mix_suites
 from training.preflight import check_before_training
 from training.sanity import (
     SanityError,

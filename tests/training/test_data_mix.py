@@ -82,7 +82,7 @@ def test_a_grounding_source_the_shards_do_not_hold_is_refused(shards_dir, suite,
     cfg = train_config(shards_dir, tmp_path / "ck", _mix(suite, sources=("another-set",)))
     with pytest.raises(VTGError, match=r"selects sources \['another-set'\], but the shards .* have no manifest"):
         train(cfg)  # the fixture shards have no manifest: nothing says which sources they hold
-    from training.data import check_mix_sources
+    from training.mix import check_mix_sources
     from vtg.config import load_config
 
     mix = load_config(REPO_ROOT / "params.yaml", None, [_mix(suite, sources=("another-set",))]).train.data.mix

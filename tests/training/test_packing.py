@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.train_fixtures import train_config
 
-from training.data import packed_batches, padding_fraction, token_budget_batches
+from training.batching import packed_batches, padding_fraction, token_budget_batches
 from training.sft import train
 from vtg import shards
 from vtg.errors import VTGError

@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from training.data import (
-    StreamSpec,
-    length_grouped_batches,
-    make_loader,
-    padding_fraction,
-    resolve_urls,
-    token_budget_batches,
-)
+from training.batching import length_grouped_batches, padding_fraction, token_budget_batches
+from training.data import StreamSpec, make_loader, resolve_urls
 from vtg.errors import VTGError
 from vtg.model.processing import VisionParams
 from vtg.shards import member_key

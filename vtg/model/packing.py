@@ -16,7 +16,7 @@ Why it is exact: each example gets the positions it would get alone, attends onl
 mean over the same label tokens (an example's first label is a prompt token, IGNORE_INDEX, so the token before it in
 the row predicts nothing). `tests/training/test_packing.py` checks loss and gradients against the padded batch.
 
-Rows (`training.data.packed_batches` chooses them): examples are taken from the stream until they hold
+Rows (`training.batching.packed_batches` chooses them): examples are taken from the stream until they hold
 `length_groups` x `token_budget` tokens, placed first-fit-decreasing in rows, and the rows cut into micro-batches of
 `token_budget` tokens, in a shuffled order. With flash-attn a row is the whole micro-batch (its varlen kernel skips
 the cross-example blocks). With sdpa or eager the masked blocks are still computed (a row costs its length squared
@@ -57,7 +57,7 @@ def first_fit_rows(lengths: list[int], capacity: int, max_items: int = 0) -> lis
 
 
 def pack_rows(examples: list[dict]) -> list[list[int]]:
-    """The rows a batcher chose (`training.data.packed_batches` marks each example's `pack_row`), in example order;
+    """The rows a batcher chose (`training.batching.packed_batches` marks each example's `pack_row`), in example order;
     examples without a mark share one row."""
     rows: dict = {}
     for i, e in enumerate(examples):
