@@ -2,8 +2,10 @@
 path they replace, measured in the same run (targets in brackets):
 
 1. a tiny SFT step (forward, backward, AdamW; 16 videos of 16 frames at 56 px, the embedded default's shape) with
-   `fast_vision` vs transformers' own path (sdpa once per span, oneDNN's Conv3d patch embedding)      [>= 1.3x]
-   (and each half alone: the span-grouped attention, the patch embedding as a product)
+   `fast_vision` (the vision attention span-grouped, the same numbers) vs transformers' own path (sdpa once per
+   span)                                                                                              [>= 1.15x]
+   and, as a figure, the patch embedding as a matrix product instead of oneDNN's Conv3d, alone and with it: not
+   adopted (it changes the last bits, so the default's trajectory; see docs/results.md)
 2. reading a general-task suite's clips: `suite_frames` from its cache vs one `load_frames` per clip   [>= 10x]
    (and the first, uncached read: two passes per video instead of two per clip)
 
@@ -28,8 +30,23 @@ from pathlib import Path
 
 from benchmarks.figures import REPO, Run, default_json
 
-VARIANTS = ("transformers", "attention", "patch_embed", "fast_vision")
-"""transformers' path; each half of `fast_vision` alone; both."""
+VARIANTS = ("transformers", "fast_vision", "patch_embed", "both")
+"""transformers' path; `fast_vision` (the attention); the patch embedding as a product alone; both."""
+
+
+def _patch_conv3d():
+    """An `nn.Conv3d` (kernel = stride) computing an input of one kernel per item as `F.linear`: the candidate."""
+    import torch
+    import torch.nn.functional as F
+
+    class PatchConv3d(torch.nn.Conv3d):
+        def forward(self, x):
+            if tuple(x.shape[2:]) == tuple(self.kernel_size):
+                out = F.linear(x.reshape(x.shape[0], -1), self.weight.reshape(self.out_channels, -1), self.bias)
+                return out.view(x.shape[0], self.out_channels, 1, 1, 1)
+            return super().forward(x)
+
+    return PatchConv3d
 
 
 def step_times(steps: int, repeats: int) -> dict[str, list[float]]:
@@ -38,7 +55,7 @@ def step_times(steps: int, repeats: int) -> dict[str, list[float]]:
     import torch
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from vtg.model.fast_vision import PatchConv3d, use_varlen_vision
+    from vtg.model.fast_vision import use_varlen_vision
     from vtg.model.processing import VisionParams, collate, encode_example, model_inputs
     from vtg.model.tiny import build_tiny_model
 
@@ -52,14 +69,14 @@ def step_times(steps: int, repeats: int) -> dict[str, list[float]]:
              for k in range(16)]
     inputs = model_inputs(collate(batch, tok.pad_token_id))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    proj = model.model.visual.patch_embed.proj
+    proj, patch_conv3d = model.model.visual.patch_embed.proj, _patch_conv3d()
 
     def use(variant: str) -> None:
-        if variant in ("attention", "fast_vision"):
+        if variant in ("fast_vision", "both"):
             use_varlen_vision(model)
         else:
             model.set_attn_implementation({"vision_config": "sdpa"})
-        proj.__class__ = PatchConv3d if variant in ("patch_embed", "fast_vision") else torch.nn.Conv3d
+        proj.__class__ = patch_conv3d if variant in ("patch_embed", "both") else torch.nn.Conv3d
 
     def step() -> None:
         model(**inputs).loss.backward()
@@ -127,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tiny SFT step (16 videos x 16 frames, 56 px), median of {args.repeats} rounds of {args.steps} steps:")
     for v in VARIANTS:
         vs = "" if v == "transformers" else f" -> {med['transformers'] / med[v]:.2f}x"
-        print(f"  {v:>12}: {med[v] * 1000:6.1f} ms{vs}" + (" [target >= 1.3x]" if v == "fast_vision" else ""))
+        print(f"  {v:>12}: {med[v] * 1000:6.1f} ms{vs}" + (" [target >= 1.15x]" if v == "fast_vision" else ""))
     print(f"suite of {suite['items']} items ({suite['clips']} clips, {args.videos} clean videos): one load per clip "
           f"{suite['per_clip_s']:.2f} s, suite_frames first {suite['first_s']:.2f} s "
           f"({ratios['suite_read_speedup_first_vs_per_clip']:.2f}x), cached {suite['cached_s']:.3f} s "

@@ -1,36 +1,26 @@
-"""The vision towers on a CPU: their attention over many short spans in a few calls, and their patch embedding as
-the matrix product it is. `fast_vision(model)` applies both; the one model loader and the teaching call it.
+"""The vision towers on a CPU: their attention over many short spans in a few calls. `fast_vision(model)` applies it;
+the one model loader and the teaching call it.
 
-**Attention.**
 Every family's vision tower (Qwen2.5-VL's windows and full blocks, Qwen3-VL's and Qwen3.5's frames) attends within
 the spans of `cu_seqlens`. With flash-attn the spans go to one varlen kernel; with `sdpa` transformers calls
 `scaled_dot_product_attention` once per span, so a micro-batch of 16 tiny videos makes 129 calls per block, each
 with its own backward: on a CPU, dispatch, not arithmetic (docs/results.md, issue 40's profile). `varlen_sdpa`
 answers the varlen call of the flash branch with one `scaled_dot_product_attention` per distinct span length (the
 spans of one length stacked as a batch): the same arithmetic per span, so the same numbers (bit for bit on this
-CPU, `tests/vtg/model/test_attention.py`).
+CPU, `tests/vtg/model/test_fast_vision.py`).
 
 `use_varlen_vision(model)` switches a loaded model's vision tower to it when the tower would run `sdpa`; the
 language model keeps what was chosen. It is registered under a name transformers' vision towers read as flash
 (`is_flash_attention_requested` checks for "flash" in the name: the only way into their varlen branch), and the
 name never reaches an export: `save_pretrained` does not write the attention choice.
-
-**Patch embedding.** Every family embeds patches with an `nn.Conv3d` whose kernel is its stride, applied to inputs
-exactly one kernel big: a matrix product of [patches, C x T x P x P] by the flattened kernel. oneDNN's conv3d (the CPU
-path) takes 4x longer forward and backward for it than `F.linear` (tiny model: 20 ms of a 74 ms SFT step).
-`PatchConv3d` is that Conv3d computing the product (the same parameters and state-dict keys; any other input goes
-to Conv3d's own forward); vLLM embeds Qwen-VL patches with a linear layer for the same reason. The sums run in
-another order, so outputs differ from the conv's in the last bits (~4e-6 relative, tested), not in value: the
-embedded default's results over three seeds are in docs/results.md (issue 40).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-__all__ = ["VARLEN_SDPA", "PatchConv3d", "fast_vision", "linear_patch_embed", "use_varlen_vision", "varlen_sdpa"]
+__all__ = ["VARLEN_SDPA", "fast_vision", "use_varlen_vision", "varlen_sdpa"]
 
 VARLEN_SDPA = "vtg_varlen_sdpa_flash_compatible"
 """The registered name: "flash" in it routes the vision towers to their varlen branch (see the module docstring)."""
@@ -93,31 +83,8 @@ def use_varlen_vision(model) -> bool:
     return vision._attn_implementation == VARLEN_SDPA
 
 
-class PatchConv3d(nn.Conv3d):
-    """An `nn.Conv3d` with kernel = stride (no padding, dilation or groups) that computes an input of exactly one
-    kernel per item as `F.linear` (see the module docstring); anything else goes to Conv3d's forward."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 5 and tuple(x.shape[2:]) == tuple(self.kernel_size) and self.groups == 1
-                and tuple(self.stride) == tuple(self.kernel_size) and tuple(self.padding) == (0, 0, 0)):
-            out = F.linear(x.reshape(x.shape[0], -1), self.weight.reshape(self.out_channels, -1), self.bias)
-            return out.view(x.shape[0], self.out_channels, 1, 1, 1)
-        return super().forward(x)
-
-
-def linear_patch_embed(model) -> bool:
-    """Make `model`'s vision patch embedding (`visual.patch_embed.proj`, a Conv3d) a `PatchConv3d` in place (its
-    parameters untouched); True when it did."""
-    inner = getattr(model, "model", None)
-    visual = getattr(inner, "visual", None) or getattr(model, "visual", None)
-    proj = getattr(getattr(visual, "patch_embed", None), "proj", None)
-    if type(proj) is not nn.Conv3d:
-        return isinstance(proj, PatchConv3d)
-    proj.__class__ = PatchConv3d  # the same module, parameters and hooks; only its forward differs
-    return True
-
-
 def fast_vision(model) -> None:
-    """Both of the module's speed-ups on a freshly loaded model (before LoRA adapters or an engine wrap it)."""
+    """The module's speed-up on a freshly loaded model (before LoRA adapters or an engine wrap it): the same
+    numbers. (The patch embedding as a matrix product instead of oneDNN's Conv3d was measured 1.2x per tiny step,
+    but changes the last bits, so the default's trajectory: not adopted without a three-seed check, docs/results.md.)"""
     use_varlen_vision(model)
-    linear_patch_embed(model)

@@ -24,7 +24,7 @@ from vtg.io import file_digest
 
 log = logging.getLogger(__name__)
 
-TEACH_VERSION = "4"  # 2: several tasks in balanced batches (`draw`); 3: the encoding recorded (query position, time); 4: the patch embedding as a product (`vtg.model.fast_vision`)
+TEACH_VERSION = "3"  # 2: several tasks in balanced batches (`draw`); 3: the encoding recorded (query position, time)
 MARKER = "teach_build.json"
 
 

@@ -1,6 +1,5 @@
-"""Issue 40's cuts: the vision towers' attention in a few calls and the patch embedding as a product
-(`vtg.model.fast_vision`), and a suite's clips read two passes per video and cached (`vtg.general_tasks.suite_frames`),
-each the same numbers as what it replaced (the patch embedding: to the last bits)."""
+"""Issue 40's exact cuts: the vision towers' attention in a few calls (`vtg.model.fast_vision`), and a suite's clips
+read two passes per video and cached (`vtg.general_tasks.suite_frames`), each the same numbers as what it replaced."""
 
 import json
 
@@ -10,7 +9,7 @@ import torch
 
 from tests.support.clock_fixtures import write_pts_video
 from vtg.general_tasks import GeneralItem, load_frames, suite_frames
-from vtg.model.fast_vision import VARLEN_SDPA, PatchConv3d, linear_patch_embed, use_varlen_vision
+from vtg.model.fast_vision import VARLEN_SDPA, use_varlen_vision
 from vtg.model.modeling import load_model_and_tokenizer
 from vtg.model.tiny import build_tiny_model, default_cache_dir
 
@@ -44,35 +43,8 @@ def test_varlen_vision_equals_the_per_span_loop_bit_for_bit(family):
         assert all(torch.equal(a, b) for a, b in zip(grads_loop, grads_varlen)), (family, grid.tolist())
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
-def test_patch_embedding_as_a_product_matches_the_conv(family):
-    """Forward and the weight (and bias) gradients of each family's patch embedding against Conv3d's own, on the
-    tiny and the real kernel sizes; another input shape still goes through Conv3d."""
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(build_tiny_model(seed=0, family=family))
-    embed = model.model.visual.patch_embed
-    conv = embed.proj
-    pixels = torch.randn(300, conv.in_channels * int(np.prod(conv.kernel_size)), generator=torch.Generator().manual_seed(1))
-    runs = []
-    for _ in range(2):
-        model.zero_grad()
-        out = embed(pixels)
-        out.pow(2).sum().backward()
-        runs.append((out.detach().clone(), [p.grad.clone() for p in conv.parameters()]))
-        assert linear_patch_embed(model)
-    assert type(conv) is PatchConv3d and embed.proj is conv  # the same module, swapped in place
-    (ref, ref_grads), (got, got_grads) = runs
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(got_grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    bigger = torch.randn(1, conv.in_channels, *(2 * k for k in conv.kernel_size))
-    assert conv(bigger).shape[2:] == (2, 2, 2)  # not one kernel: Conv3d's forward
-
-
 def test_loader_switches_only_the_vision_tower_and_exports_stay_plain(tmp_path, tiny_model_dir):
     model, _ = load_model_and_tokenizer(tiny_model_dir)
-    assert type(model.model.visual.patch_embed.proj) is PatchConv3d
     before = set(model.state_dict())
     assert model.config.vision_config._attn_implementation == VARLEN_SDPA
     assert model.config._attn_implementation == "sdpa"
@@ -82,7 +54,7 @@ def test_loader_switches_only_the_vision_tower_and_exports_stay_plain(tmp_path, 
     from transformers import AutoModelForImageTextToText
 
     plain = AutoModelForImageTextToText.from_pretrained(tmp_path / "export")
-    assert set(plain.state_dict()) == before and type(plain.model.visual.patch_embed.proj) is torch.nn.Conv3d
+    assert set(plain.state_dict()) == before
     eager, _ = load_model_and_tokenizer(tiny_model_dir, attn_implementation="eager")
     assert eager.config.vision_config._attn_implementation == "eager"  # asked for: left alone
     assert not use_varlen_vision(eager)
