@@ -361,6 +361,10 @@ def markdown(r: dict) -> str:
     return "# GPU check\n\n| | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
+CASES = {"fp16": (fp16_check, fp16_markdown, fp16_problems), "qlora": (qlora_check, qlora_markdown, qlora_problems)}
+"""The option cases beside the recipe: (run, its markdown, its problems), each written to `<case>.json` / `.md`."""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="reports/gpu_check", help="folder for the JSON, markdown and logs")
@@ -408,20 +412,14 @@ def main(argv: list[str] | None = None) -> int:
             if not report["resume"]["bit_exact"]:
                 raise VTGError(f"{rung}: resume was not bit-exact: steps {report['resume']['mismatched_steps']} "
                                "differ")
-        if "fp16" in cases:
-            fp16 = fp16_check(r)
-            (out / "fp16.json").write_text(json.dumps(fp16, indent=1) + "\n")
-            (out / "fp16.md").write_text(fp16_markdown(fp16))
-            print(fp16_markdown(fp16))
-            if problems := fp16_problems(fp16):
-                raise VTGError(f"{rung}: " + "; ".join(problems))
-        if "qlora" in cases:
-            qlora = qlora_check(r)
-            (out / "qlora.json").write_text(json.dumps(qlora, indent=1) + "\n")
-            (out / "qlora.md").write_text(qlora_markdown(qlora))
-            print(qlora_markdown(qlora))
-            if problems := qlora_problems(qlora):
-                raise VTGError(f"{rung}: " + "; ".join(problems))
+        for case, (run_case, to_markdown, problems_of) in CASES.items():
+            if case in cases:
+                result = run_case(r)
+                (out / f"{case}.json").write_text(json.dumps(result, indent=1) + "\n")
+                (out / f"{case}.md").write_text(to_markdown(result))
+                print(to_markdown(result))
+                if problems := problems_of(result):
+                    raise VTGError(f"{rung}: " + "; ".join(problems))
     return 0
 
 
