@@ -18,6 +18,18 @@ os.environ.setdefault("GIT_COMMITTER_EMAIL", "test@localhost")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _suite_frames_cache(tmp_path_factory) -> None:
+    """Decoded general-task suites (`vtg.general_tasks.CACHE_ENV`) go to this test run's temp folder (shared by the
+    workers), not `vtg/.cache`: tests decode suites of throwaway videos, whose entries would pile up there."""
+    from vtg.general_tasks import CACHE_ENV
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    os.environ.setdefault(CACHE_ENV, str(shared / "suite_frames"))
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT

@@ -125,12 +125,21 @@ def load_frames(item: GeneralItem, num_frames: int, frame_size: int) -> tuple[np
 
 CLIPS_VERSION = 1
 """Bump when `clips_frames` would give other frames for the same files (invalidates `suite_frames`' cache)."""
+CACHE_ENV = "VTG_SUITE_FRAMES_CACHE"
+"""Where decoded suites are kept (default `vtg/.cache/suite_frames`, beside the tiny models; safe to delete: a
+missing entry is decoded again). The test suite points it at its own temp folder."""
 
 
 def _clips_key(clips: list[tuple], num_frames: int, frame_size: int) -> str:
     """The cache key of decoding `clips` [(video, start_s, end_s)]: every file's identity (path, size, mtime) and
     span, and the frame settings."""
-    files = {v: os.stat(v) for v, _, _ in clips}
+    files = {}
+    for v, _, _ in clips:
+        if v not in files:
+            try:
+                files[v] = os.stat(v)
+            except OSError as e:
+                raise VTGError(f"{v}: cannot read the video ({e.strerror}); a general-task item names it") from None
     spec = [CLIPS_VERSION, num_frames, frame_size,
             [[v, files[v].st_size, files[v].st_mtime_ns, s, e] for v, s, e in clips]]
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
@@ -138,13 +147,13 @@ def _clips_key(clips: list[tuple], num_frames: int, frame_size: int) -> str:
 
 def _decoded_clips(clips: list[tuple], num_frames: int, frame_size: int) -> list[tuple[np.ndarray, list[float]]]:
     """`clips_frames` of `clips` [(video, start_s, end_s)], in their order: read from the on-disk cache
-    (`$VTG_TINY_CACHE/../suite_frames`, keyed by the files' identities and the settings) when a process decoded them
+    (`CACHE_ENV`, keyed by the files' identities and the settings) when a process decoded them
     before, else decoded (one `clips_frames` call per video) and cached for the next process. Every evaluation,
     the teaching and the training mix of a run read the same suite: decoded once, not once per process."""
     from vtg.model.tiny import build_once, default_cache_dir
 
     key = _clips_key(clips, num_frames, frame_size)
-    out = default_cache_dir().parent / "suite_frames" / key
+    out = Path(os.environ.get(CACHE_ENV) or default_cache_dir().parent / "suite_frames") / key
 
     def decode_into(tmp: Path) -> None:
         by_video: dict[str, list[tuple[float, float | None]]] = {}

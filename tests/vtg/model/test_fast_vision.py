@@ -2,16 +2,19 @@
 read two passes per video and cached (`vtg.general_tasks.suite_frames`), each the same numbers as what it replaced."""
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from tests.support.clock_fixtures import write_pts_video
-from vtg.general_tasks import GeneralItem, load_frames, suite_frames
+from vtg.errors import VTGError
+from vtg.general_tasks import CACHE_ENV, GeneralItem, load_frames, suite_frames
 from vtg.model.fast_vision import VARLEN_SDPA, use_varlen_vision
 from vtg.model.modeling import load_model_and_tokenizer
-from vtg.model.tiny import build_tiny_model, default_cache_dir
+from vtg.model.tiny import build_tiny_model
 
 
 def _tower_run(model, pixels, grid):
@@ -76,7 +79,7 @@ def test_suite_frames_equal_one_clip_per_item(tmp_path):
                                          "start_s": s, "end_s": e}) for k, (v, s, e) in enumerate(spans)]
     items.append(GeneralItem.model_validate({"id": "img", "task": "t", "question": "q?", "answer": "a",
                                              "image": str(image)}))
-    cache = default_cache_dir().parent / "suite_frames"
+    cache = Path(os.environ[CACHE_ENV])  # the test run's own (tests/conftest.py)
     before = set(cache.glob("*")) if cache.is_dir() else set()
     grouped = suite_frames(items, 5, 56)  # decoded, then kept on disk
     (made,) = set(cache.glob("*")) - before
@@ -87,6 +90,10 @@ def test_suite_frames_equal_one_clip_per_item(tmp_path):
         assert np.array_equal(frames, alone) and times == alone_times, json.loads(item.model_dump_json())
         assert np.array_equal(frames2, alone) and times2 == alone_times and frames2.dtype == np.uint8
     assert len(grouped[3][0]) == 1  # no frame inside: the nearest one, as alone
+    gone = GeneralItem.model_validate({"id": "gone", "task": "t", "question": "q?", "answer": "a",
+                                       "video": str(tmp_path / "gone.mp4")})
+    with pytest.raises(VTGError, match="gone.mp4: cannot read the video"):
+        suite_frames([*items, gone], 5, 56)
     # a changed file is a new key: decoded again, never served stale frames
     write_pts_video(steady, [i / 8 for i in range(40)], (2.0, 3.0), size=64)
     again = suite_frames(items, 5, 56)
