@@ -46,6 +46,7 @@ from pathlib import Path
 from training.activations import Activations, activation_bytes, trainable_params
 from training.arch import Arch, arch_for
 from training.plan import GB, Setup, plan
+from training.preflight_fix import fewer_frames, memory_fix
 from training.sanity import SanityError, check_tokenizer
 from vtg.answer import format_answer
 from vtg.errors import VTGError
@@ -345,7 +346,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
 
     if seq > t.data.max_seq_len:
         fit = fitting_max_seq_len(seq)
-        alt = _fewer_frames(p, vision, t.data.max_seq_len, count)
+        alt = fewer_frames(p, max_frames(p), vision.temporal_patch_size, t.data.max_seq_len, count)
         report.problems.append(
             f"the longest example is {seq:,} tokens ({tokens.video_tokens:,} video: {tokens.frames} frames at "
             f"{p.frame_size} px) > train.data.max_seq_len={t.data.max_seq_len}: set train.data.max_seq_len={fit}"
@@ -370,7 +371,7 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
         report.fix.append("train.data.packing=false")
     limit = t.gpu_mem_gb * GB
     if configured.total_b > limit:
-        found = _memory_fix(option, gc, current, micro, t.grad_accum, limit, fsdp,
+        found = memory_fix(option, gc, current, micro, t.grad_accum, limit, fsdp,
                             seq if t.data.token_budget else 0)
         what = (f"one micro-batch ({micro} x {seq:,} tokens) needs {configured.total_b / GB:.1f} GiB per GPU "
                 f"(model states {configured.model_states_b / GB:.1f} + activations "
@@ -386,64 +387,6 @@ def preflight(cfg, query_tokens: int | None = None) -> Report:
             report.problems.append(f"{what}: set {' '.join(overrides)} (then {fitted.total_b / GB:.1f} GiB)")
             report.fix.extend(overrides)
     return report
-
-
-def _fewer_frames(p, vision: VisionParams, max_seq_len: int, count) -> str | None:
-    """The most frames (a multiple of the temporal patch) whose example fits max_seq_len, as an override."""
-    tp = vision.temporal_patch_size
-    for n in range((max_frames(p) - 1) // tp * tp, 0, -tp):
-        if count(n).total <= max_seq_len:
-            if p.frame_mode == "uniform" and p.frame_fps > 0:
-                fps = math.floor(n / p.max_window_s * 1000) / 1000
-                return f"preprocess.frame_fps={fps:g}" if fps > 0 else None
-            return f"preprocess.num_frames={n}"
-    return None
-
-
-_ZERO_LADDER = [(0, False, False), (1, False, False), (2, False, False), (3, False, False), (1, True, False),
-                (2, True, False), (3, True, False), (3, True, True)]
-"""ZeRO settings from least to most communication / offload."""
-
-
-def _memory_fix(option, gc: bool, current: tuple[int, bool, bool], micro: int, accum: int, limit: float,
-                fsdp: bool, budget_seq: int = 0) -> tuple[list[str], MemoryOption] | None:
-    """The cheapest change that fits: fewest offloads, then fewest levers (checkpointing < ZeRO stage <
-    micro-batch), then the smallest step on each. A smaller micro-batch keeps the global batch (grad_accum); under
-    a token budget (`budget_seq`: the longest example's tokens) the budget shrinks with it."""
-    stage0, off_opt0, off_param0 = current
-    ladder = [current] if fsdp else [z for z in _ZERO_LADDER if z[0] >= stage0 and z[1] >= off_opt0
-                                     and z[2] >= off_param0]
-    per_rank = micro * accum
-    micros = [m for m in range(micro, 0, -1) if per_rank % m == 0]
-    best = None
-    for g in sorted({gc, True}):
-        for z in ladder:
-            for m in micros:
-                o = option(g, *z, m)
-                if o.total_b > limit:
-                    continue
-                levers = [g != gc, z != current, m != micro]
-                cost = (int(z[1] and not off_opt0) + int(z[2] and not off_param0), sum(levers),
-                        [i for i, changed in enumerate(levers) if changed], _ZERO_LADDER.index(z), micro - m)
-                if best is None or cost < best[0]:
-                    best = (cost, g, z, m, o)
-    if best is None:
-        return None
-    _, g, (stage, off_opt, off_param), m, o = best
-    overrides = []
-    if g != gc:
-        overrides.append("train.model.gradient_checkpointing=true")
-    if stage != stage0:
-        overrides.append(f"train.zero_stage={stage}")
-    if off_opt != off_opt0:
-        overrides.append("engine.offload_optimizer=true")
-    if off_param != off_param0:
-        overrides.append("engine.offload_param=true")
-    if m != micro:
-        overrides += [f"train.micro_batch_size={m}", f"train.grad_accum={per_rank // m}"]
-        if budget_seq:
-            overrides.append(f"train.data.token_budget={m * budget_seq}")
-    return overrides, o
 
 
 def check_before_training(cfg) -> Report | None:
