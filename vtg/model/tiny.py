@@ -167,13 +167,30 @@ def build_tiny_model(out_dir: str | Path | None = None, seed: int = 0, family: s
     appears atomically (built in a temp dir, then renamed), so concurrent builders never see half a model.
     """
     family = family or _default()
+    out = Path(out_dir) if out_dir is not None else tiny_model_dir(seed, family)
+    return build_once(out, "tiny_build.json", _marker(seed, family), lambda tmp: _build_into(tmp, seed, family))
+
+
+def tiny_model_dir(seed: int = 0, family: str | None = None) -> Path:
+    """Where `build_tiny_model` caches the family's tiny model of `seed` (built or not)."""
+    family = family or _default()
     if family not in tiny_recipes():
         raise ValueError(f"no tiny recipe for family {family!r} (known: {', '.join(tiny_recipes())})")
     suffix = "" if family == _default() else f":{family}"
     key = hashlib.sha256(f"{TINY_VERSION}:{seed}{suffix}".encode()).hexdigest()[:10]
-    name = f"tiny-s{seed}-{key}" if not suffix else f"tiny-{family}-s{seed}-{key}"
-    out = Path(out_dir) if out_dir is not None else default_cache_dir() / name
-    return build_once(out, "tiny_build.json", _marker(seed, family), lambda tmp: _build_into(tmp, seed, family))
+    return default_cache_dir() / (f"tiny-s{seed}-{key}" if not suffix else f"tiny-{family}-s{seed}-{key}")
+
+
+def tiny_tokenizer(family: str | None = None, seed: int = 0):
+    """The tiny model's tokenizer without building the model (so without torch): loaded from the cached build
+    when there is one, else trained again (`build_tokenizer` is deterministic: the same vocabulary and merges,
+    `tests/vtg/model/test_tiny.py`). Ingest counts query tokens with it in a process that never imports torch."""
+    out = tiny_model_dir(seed, family)
+    if (out / "tiny_build.json").is_file():
+        from transformers import PreTrainedTokenizerFast  # AutoTokenizer would import torch
+
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    return build_tokenizer(seed)
 
 
 def build_once(out: Path, marker_name: str, marker_content: dict, build_into) -> Path:

@@ -25,6 +25,10 @@ STAND_IN_NOTE = ("text counted with the local tiny tokenizer plus Qwen's default
 
 def own_tokenizer(base: str):
     """The tokenizer of `train.model.base` when it is on this machine (see the module doc), else None."""
+    from vtg.model.tiny import tiny_family, tiny_tokenizer
+
+    if (family := tiny_family(base)) is not None:
+        return tiny_tokenizer(family)  # no model build, no torch (ingest counts with it)
     from transformers import AutoTokenizer
 
     from vtg.model import shape_true

@@ -12,7 +12,7 @@ from vtg.model.modeling import (
     load_model_and_tokenizer,
 )
 from vtg.model.processing import collate, encode_example, model_inputs
-from vtg.model.tiny import build_tiny_model
+from vtg.model.tiny import build_tiny_model, build_tokenizer
 
 
 def _batch(tok):
@@ -25,6 +25,17 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_model_dir):
     again = build_tiny_model(tmp_path / "m", seed=0)
     assert (again / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
     assert build_tiny_model(seed=0) == tiny_model_dir  # cache hit, same directory
+
+
+def test_the_tiny_tokenizer_built_alone_is_the_saved_one(tiny_tokenizer):
+    """Ingest counts query tokens with `build_tokenizer` when no tiny model is built (`vtg.model.tiny.tiny_tokenizer`,
+    no torch): it must be the tokenizer the built model saved, token for token."""
+    alone = build_tokenizer(0)
+    assert alone.get_vocab() == tiny_tokenizer.get_vocab() and len(alone) == len(tiny_tokenizer)
+    for text in ("When does the red ball appear?", "Zebra xyz <|im_end|> 12.5 \u00fcn\u00efcode", "3.0 - 7.5 seconds", ""):
+        assert alone(text, split_special_tokens=True)["input_ids"] == \
+            tiny_tokenizer(text, split_special_tokens=True)["input_ids"]
+    assert alone.chat_template == tiny_tokenizer.chat_template
 
 
 def test_attention_choice_logs_one_line(caplog):
