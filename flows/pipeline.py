@@ -112,13 +112,31 @@ def _start_base(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None
 def _wait_for_base(prep: BackgroundStage) -> None:
     """Join the base's preparation; a failure is only logged: the train stage prepares the base itself and
     reports what went wrong as its own error."""
+    _join_background(prep, "the train stage prepares it itself")
+
+
+def _start_heldout_start(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None:
+    """`python -m evaluation.select --heldout-start` in the background when RL runs after the select stage: RL's
+    start on the held-out split, which the evaluate stage needs for its SFT-vs-RL comparison, is evaluated while
+    RL starts up (the evaluate stage finds it stored under the same key and does not evaluate it again)."""
+    from vtg.selection import start_pointer_path
+
+    if not cfg.orchestration.rl or not start_pointer_path(cfg).is_file():
+        return None
+    log_path = Path(cfg.orchestration.state_dir) / "heldout_start.log"
+    return BackgroundStage("heldout-start", module_cmd("evaluation.select", [*args.argv(), "--heldout-start"]),
+                           log_path)
+
+
+def _join_background(stage: BackgroundStage, fallback: str) -> None:
+    """Wait for a step started in the background; a failure is only logged (`fallback` says who does the work
+    instead and reports what went wrong as its own error)."""
     t0 = time.perf_counter()
-    rc = prep.wait()
+    rc = stage.wait()
     if time.perf_counter() - t0 > 1:
-        log.info("waited %.0f s for the base's preparation", time.perf_counter() - t0)
+        log.info("waited %.0f s for [%s]", time.perf_counter() - t0, stage.name)
     if rc != 0:
-        log.warning("preparing the base failed (exit %d, log: %s): the train stage prepares it itself", rc,
-                    prep.log_path)
+        log.warning("[%s] failed (exit %d, log: %s): %s", stage.name, rc, stage.log_path, fallback)
 
 
 def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summary: dict[str, Any],
@@ -154,13 +172,17 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
     queue = eval_queue.queue_path(cfg.orchestration.state_dir, flow_run_id)
     evaluator = CheckpointEvaluator(cfg, args, parent, flow_run_id, queue)
     common = {"cfg": cfg, "args": args, "evaluator": evaluator}
+    heldout: BackgroundStage | None = None
     try:
         trained = _call(tasks.train, **common)
         summary["stages"]["train"] = trained
         summary["stages"]["select"] = _call(tasks.select, cfg=cfg, args=args)
+        heldout = _start_heldout_start(cfg, args)
         tuned = _call(tasks.rl, **common)
         summary["stages"]["rl"] = tuned
     except BaseException:
+        if heldout is not None:
+            heldout.stop()
         evaluator.close(start_waiting=False)
         evaluator.stop()  # the flow fails: nobody waits for these evaluations
         raise
@@ -174,6 +196,8 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
             summary["evaluations"] = tasks.wait_for_evaluations(evaluator)
     finally:
         evaluator.stop()  # finished already, or failed or interrupted while waiting
+        if heldout is not None:
+            _join_background(heldout, "the evaluate stage evaluates RL's start itself")
     evaluated = _call(_with_retries(tasks.evaluate, cfg), cfg=cfg, args=args, parent=parent)
     summary["stages"]["evaluate"] = evaluated
     if not evaluated.get("best_checkpoint"):
