@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from evaluation.registry import DEFAULT_STAGE, checkpoint_label, checkpoint_stage, order_key
-from vtg.io import relative_ref, resolve_ref, write_json_atomic
+from vtg.io import exclusive, relative_ref, resolve_ref, write_json_atomic
 from vtg.records import read_jsonl, write_jsonl
 
 RESULT_FILE = "metrics.json"
@@ -143,10 +142,5 @@ def locked(store_dir: str | Path, name: str = "") -> Iterator[None]:
     """An exclusive file lock in the store: without `name` it serializes the best-checkpoint decision and the
     output refresh; with a key as `name`, two concurrent evaluations of the same checkpoint (a trigger that
     fires twice) run one after the other, and the second reuses the first's result."""
-    Path(store_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(store_dir) / f".lock{'-' + name[:16] if name else ''}", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with exclusive(Path(store_dir) / f".lock{'-' + name[:16] if name else ''}"):
+        yield

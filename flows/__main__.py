@@ -106,8 +106,11 @@ def _main(argv: list[str] | None = None) -> int:
         "DeepSpeed SFT -> GRPO (rl; orchestration.rl=false skips it), every checkpoint evaluated concurrently -> "
         "held-out evaluation of the best -> report.")
     args = parser.parse_args(argv)
-    resolve_config(args)  # validate (and --dry-run) before Prefect starts
+    cfg = resolve_config(args)  # validate (and --dry-run) before Prefect starts
+    from flows import tracking
     from flows.stages import stop_children
+
+    tracking.warm_up(cfg)  # beside the Prefect server's start-up
 
     _Shutdown().install()
     _guard_prefect_server()

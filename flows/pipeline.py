@@ -75,9 +75,9 @@ def post_training(params: str = "params.yaml", experiment: str | None = None,
     try:
         _data_steps(cfg, args, parent, summary, early)
         _maybe_inject_failure()
-        for prep in early:
-            _wait_for_base(prep)
-        _train_and_evaluate(cfg, args, parent, flow_run_id, summary)
+        # the train stage starts now (imports, pre-flight) and, if the base is still being taught, waits for it
+        # where it needs it (`vtg.model.tiny.build_once`: one builder at a time, the second finds the first's build)
+        _train_and_evaluate(cfg, args, parent, flow_run_id, summary, early)
     except BaseException:
         for prep in early:
             prep.stop()
@@ -106,13 +106,13 @@ def _start_base(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None
     if taught_suite(cfg.train.teach, cfg.train.model.base) is None:
         return None
     log_path = Path(cfg.orchestration.state_dir) / "prepare_base.log"
-    return BackgroundStage("prepare-base", module_cmd("training.prepare_base", args.argv()), log_path)
+    return BackgroundStage("prepare-base", module_cmd("training.prepare_base", args.argv()), log_path, critical=True)
 
 
 def _wait_for_base(prep: BackgroundStage) -> None:
-    """Join the base's preparation; a failure is only logged: the train stage prepares the base itself and
-    reports what went wrong as its own error."""
-    _join_background(prep, "the train stage prepares it itself")
+    """Join the base's preparation (the train stage has run, or was up to date); a failure is only logged: the
+    train stage prepared the base itself, and reported what went wrong as its own error."""
+    _join_background(prep, "the train stage prepared it itself")
 
 
 def _start_heldout_start(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None:
@@ -165,7 +165,7 @@ def _data_steps(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, summa
 
 
 def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, flow_run_id: str,
-                        summary: dict[str, Any]) -> None:
+                        summary: dict[str, Any], early: list[BackgroundStage]) -> None:
     """SFT, then RL, both reporting their checkpoints into one queue that one evaluator follows (started with the
     first of them that runs, or after both when it must wait for the training device); the queue is closed once
     both are done (or one failed); then every evaluation is awaited, then the evaluate stage picks the best."""
@@ -176,6 +176,8 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
     try:
         trained = _call(tasks.train, **common)
         summary["stages"]["train"] = trained
+        for prep in early:
+            _wait_for_base(prep)
         summary["stages"]["select"] = _call(tasks.select, cfg=cfg, args=args)
         heldout = _start_heldout_start(cfg, args)
         tuned = _call(tasks.rl, **common)

@@ -71,9 +71,18 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def spawn(argv: list[str], **kwargs) -> subprocess.Popen:
-    """Start a child of the flow in its own process group, registered for `stop_children`."""
-    proc = subprocess.Popen(argv, process_group=0, preexec_fn=preexec_die_with_parent(os.getpid()), **kwargs)  # noqa: PLW1509
+def spawn(argv: list[str], nice: int = 0, **kwargs) -> subprocess.Popen:
+    """Start a child of the flow in its own process group, registered for `stop_children`; `nice` > 0 lowers its
+    scheduling priority (and its children's: Beam's workers)."""
+    die = preexec_die_with_parent(os.getpid())
+
+    def preexec() -> None:
+        if die is not None:
+            die()
+        if nice:
+            os.nice(nice)
+
+    proc = subprocess.Popen(argv, process_group=0, preexec_fn=preexec if (die or nice) else None, **kwargs)  # noqa: PLW1509
     with _children_lock:
         _children[proc.pid] = proc
     return proc
@@ -242,39 +251,64 @@ def _repeated_progress(line: str, last: dict[str, str]) -> bool:
     return False
 
 
+YIELD_NICE = 10
+"""Niceness of the data stages started while a critical background step runs (`BackgroundStage(critical=True)`):
+the flow's next stage waits for that step, not for them, so they take the CPU it leaves (on two cores the base's
+teaching had ~2/3 of a core beside preprocess's two Beam workers, and the train stage waited for it)."""
+_critical: list[BackgroundStage] = []
+
+
+def yield_nice() -> int:
+    """`YIELD_NICE` while a critical background step runs, else 0: the niceness a data stage starts with."""
+    return YIELD_NICE if any(s.proc.poll() is None for s in _critical) else 0
+
+
 class BackgroundStage:
     """A stage CLI running beside the flow's next steps (its output to `log_path`): `wait()` joins it and returns
     its exit code, `stop()` ends it (the flow failed or was interrupted). Like every child it dies with the flow
-    (`spawn`)."""
+    (`spawn`). `critical`: the flow will wait for it, so the data stages started while it runs yield to it
+    (`yield_nice`)."""
 
-    def __init__(self, name: str, argv: list[str], log_path: str | Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, argv: list[str], log_path: str | Path, env: dict[str, str] | None = None,
+                 critical: bool = False):
         self.name, self.log_path, self.t0 = name, Path(log_path), time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as out:
             self.proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT,
                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        if critical:
+            _critical.append(self)
         log.info("[%s] started in the background (log: %s): $ %s", name, self.log_path, " ".join(argv))
 
     def wait(self) -> int:
         rc = self.proc.wait()
         stop_process(self.proc)  # stray group members
+        self._forget()
         log.info("[%s] exited with code %d after %.0f s (log: %s)", self.name, rc, time.perf_counter() - self.t0,
                  self.log_path)
         return rc
 
     def stop(self) -> None:
         stop_process(self.proc)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self in _critical:
+            _critical.remove(self)
 
 
 def run_stage(name: str, argv: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None,
-              on_line: Callable[[str], None] | None = None, tail_lines: int = 30) -> StageResult:
-    """Run one stage process, streaming every output line as it comes; raise StageFailed on a non-zero exit."""
+              on_line: Callable[[str], None] | None = None, tail_lines: int = 30, nice: int = 0) -> StageResult:
+    """Run one stage process, streaming every output line as it comes; raise StageFailed on a non-zero exit.
+    `nice` > 0: at a lower scheduling priority (`yield_nice`)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     emit = on_line or (lambda line: log.info("[%s] %s", name, line))
     tail: list[str] = []
     t0 = time.perf_counter()
-    log.info("[%s] $ %s", name, " ".join(argv))
-    with spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, bufsize=0) as proc:
+    log.info("[%s] $ %s%s", name, " ".join(argv),
+             f"  (nice {nice}: yields to {', '.join(s.name for s in _critical)})" if nice and _critical else "")
+    with spawn(argv, nice=nice, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+               bufsize=0) as proc:
         assert proc.stdout is not None
         try:
             last_bar: dict[str, str] = {}

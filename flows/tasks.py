@@ -23,7 +23,7 @@ from prefect.tasks import exponential_backoff
 
 from flows import report, tracking
 from flows.evaluator import CheckpointEvaluator
-from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, train_cmd
+from flows.stages import ConfigArgs, module_cmd, rl_cmd, run_stage, train_cmd, yield_nice
 from vtg import checkpoints, lineage, stages
 from vtg.config import PipelineConfig
 from vtg.io import resolve_ref
@@ -101,7 +101,8 @@ def ingest(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: st
     summary_path = stages.stage_outputs("ingest", cfg).summary  # where the CLI writes it
     if cached := _up_to_date("ingest", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
-    r = run_stage("ingest", module_cmd(stages.stage_module("ingest", cfg), args.argv()), on_line=_stream("ingest"))
+    r = run_stage("ingest", module_cmd(stages.stage_module("ingest", cfg), args.argv()), on_line=_stream("ingest"),
+                  nice=yield_nice())
     _record("ingest", cfg)
     summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "ingest", params={"ingest": cfg.ingest.model_dump(mode="json")},
@@ -116,7 +117,8 @@ def annotate(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source: 
     summary_path = stages.stage_outputs("annotate", cfg).summary  # where the CLI writes it
     if cached := _up_to_date("annotate", cfg, {"summary": _read_json(summary_path)}, parent):
         return cached
-    r = run_stage("annotate", module_cmd(stages.stage_module("annotate", cfg), args.argv()), on_line=_stream("annotate"))
+    r = run_stage("annotate", module_cmd(stages.stage_module("annotate", cfg), args.argv()), on_line=_stream("annotate"),
+                  nice=yield_nice())
     _record("annotate", cfg)
     summary = _read_json(summary_path)
     run_id = tracking.stage_run(cfg, parent, "annotate", params={"annotate": cfg.annotate.model_dump(mode="json")},
@@ -132,7 +134,7 @@ def preprocess(cfg: PipelineConfig, args: ConfigArgs, parent: str | None, source
                              parent):
         return cached
     r = run_stage("preprocess", module_cmd(stages.stage_module("preprocess", cfg), args.argv()),
-                  on_line=_stream("preprocess"))
+                  on_line=_stream("preprocess"), nice=yield_nice())
     _record("preprocess", cfg)
     manifest = _read_json(out / MANIFEST)
     version = data_version(out)

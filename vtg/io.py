@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: str | Path, on_wait: Callable[[float | None], None] | None = None) -> Iterator[None]:
+    """An exclusive `flock` on `lock_path` (created) for the block: processes that share a path take turns. A holder
+    that dies releases it (the kernel drops the lock), so a wait lasts at most as long as the holder lives.
+    `on_wait(None)` is called when the lock is held by another process and this one starts waiting,
+    `on_wait(seconds)` once it has the lock after waiting."""
+    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            t0 = time.monotonic()
+            if on_wait:
+                on_wait(None)
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if on_wait:
+                on_wait(time.monotonic() - t0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:

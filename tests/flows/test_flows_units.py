@@ -215,3 +215,28 @@ def test_a_checkpoint_config_from_before_the_engine_section_still_reads(tmp_path
     with caplog.at_level("WARNING"):
         cfg = checkpoint_config(tmp_path, str(REPO / "params.yaml"))
     assert cfg.engine.deterministic is True and cfg.train.lr == 0.001 and not caplog.records
+
+
+def test_data_stages_started_beside_a_critical_background_step_yield_to_it(tmp_path):
+    """The base's teaching (`BackgroundStage(critical=True)`) is what the train stage waits for: a stage the flow
+    runs meanwhile starts at `YIELD_NICE` (its children too), one started after it ends at the flow's own priority."""
+    from flows.stages import YIELD_NICE, BackgroundStage, yield_nice
+
+    show = [sys.executable, "-c", "import os, subprocess, sys; print(os.nice(0)); "
+            "print(subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'], capture_output=True, "
+            "text=True).stdout.strip())"]
+    own = __import__("os").nice(0)
+    assert yield_nice() == 0
+    prep = BackgroundStage("teach", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "bg.log",
+                           critical=True)
+    try:
+        assert yield_nice() == YIELD_NICE
+        lines: list[str] = []
+        run_stage("beside", show, on_line=lines.append, nice=yield_nice())
+        assert [int(x) for x in lines] == [own + YIELD_NICE] * 2  # the stage and its child (Beam's workers)
+    finally:
+        prep.stop()
+    assert yield_nice() == 0
+    lines = []
+    run_stage("after", show, on_line=lines.append, nice=yield_nice())
+    assert [int(x) for x in lines] == [own] * 2

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from vtg.io import exclusive
+
+log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -197,18 +202,33 @@ def build_once(out: Path, marker_name: str, marker_content: dict, build_into) ->
     """`out` if its marker file holds `marker_content`, else `build_into(tmp)` in a temp dir beside it (which
     must write the marker) and an atomic rename, so concurrent builders never see half a model."""
     marker = out / marker_name
-    if marker.is_file() and json.loads(marker.read_text()) == marker_content:
+
+    def built() -> bool:
+        return marker.is_file() and json.loads(marker.read_text()) == marker_content
+
+    if built():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        build_into(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except OSError:
-        if not marker.is_file():  # a concurrent builder did not win either
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def waiting(seconds: float | None) -> None:
+        if seconds is None:
+            log.info("%s: another process is building it; waiting", out)
+        else:
+            log.info("%s: waited %.0f s for the other builder", out, seconds)
+
+    # one builder at a time (the flow's background `training.prepare_base` and a train stage that starts while it
+    # teaches, two test workers): the second waits, then finds the first one's build instead of doing it again
+    with exclusive(out.parent / f".{out.name}.lock", on_wait=waiting):
+        if built():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            build_into(tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        except OSError:
+            if not marker.is_file():  # a concurrent builder (of another lock's era) did not win either
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
