@@ -4,6 +4,7 @@ way for `dvc repro` and the flow, in a real git + DVC repository."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "cmd": STAGE_CMD, "deps": ["code"], "params": ["train"], "outs": [{"ckpt": {"persist": True}}]}}}))
     _run(tmp_path, "git", "init", "-q")
     _run(tmp_path, DVC, "init", "-q")
+    shutil.copy(REPO / ".dvcignore", tmp_path / ".dvcignore")  # the shipped one
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -93,6 +95,19 @@ def test_status_agrees_with_dvc_and_ignores_only_fields_that_do_not_change_the_o
     (repo / "ckpt" / "lr").write_text("tampered")
     st = stages.status("train", cfg)
     assert not st.up_to_date and any("outs ckpt" in r for r in st.reasons)
+
+
+def test_bytecode_a_process_writes_into_a_code_dep_changes_nothing(repo: Path):
+    """Python writes `__pycache__/*.pyc` beside every module a process imports (make's targets let it: Makefile), so
+    a stage's code deps gain files after other stages ran; the shipped .dvcignore keeps them out of the deps."""
+    cfg = load_config("params.yaml")
+    _run(repo, DVC, "repro", "-q")
+    digest = stages.code_digest("train", repo)
+    (repo / "code" / "__pycache__").mkdir()
+    (repo / "code" / "__pycache__" / "step.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    (repo / "code" / "stray.pyc").write_bytes(b"\x00")
+    assert stages.status("train", cfg).up_to_date and stages.code_digest("train", repo) == digest
+    assert "up to date" in _run(repo, DVC, "status")
 
 
 def test_record_writes_the_params_the_outputs_were_made_from(repo: Path):
