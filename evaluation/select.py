@@ -25,9 +25,7 @@ from vtg.errors import VTGError
 from vtg.io import relative_ref, write_json_atomic
 from vtg.selection import (
     CANDIDATES,
-    HELDOUT_SPLIT,
     SELECTION_SPLIT,
-    START_POINTER,
     checkpoint_identity,
     checkpoint_label,
     min_retention_of,
@@ -67,31 +65,11 @@ def select_start(cfg: PipelineConfig) -> dict:
     return out
 
 
-def heldout_start(cfg: PipelineConfig) -> Path:
-    """Evaluate the chosen start on the held-out split now and store the result (nothing else is written): the
-    evaluate stage compares RL with its start on that split and finds it stored (the same content key), so the
-    flow runs this beside RL, on the core the per-checkpoint evaluator leaves free while RL starts up."""
-    pointer = start_pointer_path(cfg)
-    start = ckpt.read_pointer(pointer)
-    if not start:
-        raise VTGError(f"{pointer}: no RL start chosen yet (run `python -m evaluation.select` first)")
-    chosen = Path(start["path"])
-    res = evaluate_checkpoint(chosen, HELDOUT_SPLIT, cfg, refresh=False)
-    log.info("RL's start %s on %s: %s%s", chosen.name, HELDOUT_SPLIT, res.entry_dir, " (stored already)" if res.reused else "")
-    return res.entry_dir
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = config_arg_parser(__doc__)
     parser.prog = "python -m evaluation.select"
-    parser.add_argument("--heldout-start", action="store_true",
-                        help=f"only evaluate the start already chosen ({START_POINTER}) on the held-out split and "
-                             "store the result for the evaluate stage (the flow runs this beside RL)")
     args: argparse.Namespace = parser.parse_args(argv)
     cfg = resolve_config(args, stage="select")
-    if args.heldout_start:
-        print(f"RL's start on {HELDOUT_SPLIT}: {heldout_start(cfg)}")
-        return 0
     out = select_start(cfg)
     print(f"RL starts from {out['chosen']} ({start_pointer_path(cfg)})")
     return 0

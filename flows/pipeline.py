@@ -25,6 +25,7 @@ from flows.stages import BackgroundStage, ConfigArgs, module_cmd
 from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
+from vtg.selection import start_pointer_path
 from vtg.shards import data_version
 
 log = logging.getLogger(__name__)
@@ -115,17 +116,12 @@ def _wait_for_base(prep: BackgroundStage) -> None:
     _join_background(prep, "the train stage prepared it itself")
 
 
-def _start_heldout_start(cfg: PipelineConfig, args: ConfigArgs) -> BackgroundStage | None:
-    """`python -m evaluation.select --heldout-start` in the background when RL runs after the select stage: RL's
-    start on the held-out split, which the evaluate stage needs for its SFT-vs-RL comparison, is evaluated while
-    RL starts up (the evaluate stage finds it stored under the same key and does not evaluate it again)."""
-    from vtg.selection import start_pointer_path
-
-    if not cfg.orchestration.rl or not start_pointer_path(cfg).is_file():
-        return None
-    log_path = Path(cfg.orchestration.state_dir) / "heldout_start.log"
-    return BackgroundStage("heldout-start", module_cmd("evaluation.select", [*args.argv(), "--heldout-start"]),
-                           log_path)
+def _start_heldout(cfg: PipelineConfig, args: ConfigArgs, which: str) -> BackgroundStage:
+    """`python -m evaluation.heldout --which <which>` in the background: a checkpoint the evaluate stage will score on test
+    (RL's start while RL starts up; the newest RL checkpoint beside its val evaluation once RL is done), evaluated on
+    the core the per-checkpoint evaluator leaves free; the evaluate stage finds it stored under the same key."""
+    log_path = Path(cfg.orchestration.state_dir) / f"heldout_{which.replace('-', '_')}.log"
+    return BackgroundStage(f"heldout-{which}", module_cmd("evaluation.heldout", [*args.argv(), "--which", which]), log_path)
 
 
 def _join_background(stage: BackgroundStage, fallback: str) -> None:
@@ -172,19 +168,23 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
     queue = eval_queue.queue_path(cfg.orchestration.state_dir, flow_run_id)
     evaluator = CheckpointEvaluator(cfg, args, parent, flow_run_id, queue)
     common = {"cfg": cfg, "args": args, "evaluator": evaluator}
-    heldout: BackgroundStage | None = None
+    heldout: list[BackgroundStage] = []  # checkpoints the evaluate stage will score on test, evaluated ahead
     try:
         trained = _call(tasks.train, **common)
         summary["stages"]["train"] = trained
         for prep in early:
             _wait_for_base(prep)
         summary["stages"]["select"] = _call(tasks.select, cfg=cfg, args=args)
-        heldout = _start_heldout_start(cfg, args)
+        rl_runs = cfg.orchestration.rl and start_pointer_path(cfg).is_file()
+        if rl_runs:
+            heldout.append(_start_heldout(cfg, args, "start"))
         tuned = _call(tasks.rl, **common)
         summary["stages"]["rl"] = tuned
+        if rl_runs and tuned.get("status") != "up to date":
+            heldout.append(_start_heldout(cfg, args, "latest-rl"))
     except BaseException:
-        if heldout is not None:
-            heldout.stop()
+        for job in heldout:
+            job.stop()
         evaluator.close(start_waiting=False)
         evaluator.stop()  # the flow fails: nobody waits for these evaluations
         raise
@@ -198,8 +198,8 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
             summary["evaluations"] = tasks.wait_for_evaluations(evaluator)
     finally:
         evaluator.stop()  # finished already, or failed or interrupted while waiting
-        if heldout is not None:
-            _join_background(heldout, "the evaluate stage evaluates RL's start itself")
+        for job in heldout:
+            _join_background(job, "the evaluate stage evaluates what it needs itself")
     evaluated = _call(_with_retries(tasks.evaluate, cfg), cfg=cfg, args=args, parent=parent)
     summary["stages"]["evaluate"] = evaluated
     if not evaluated.get("best_checkpoint"):

@@ -91,11 +91,13 @@ def test_both_doors_agree_on_what_is_done_and_write_the_same_outputs(tmp_path: P
     assert flow.index("[prepare-base] started") < flow.index("[ingest] $ ")
     assert "taught the base" in (q / "reports/orchestration/prepare_base.log").read_text()
     assert not [line for line in flow.splitlines() if "[train]" in line and "taught the base" in line]
-    # RL's start was evaluated on test beside RL (`evaluation.select --heldout-start`), and the evaluate stage found
-    # it stored instead of evaluating it again (the metrics below still equal door 1's, which evaluated it itself)
-    assert "[heldout-start] exited with code 0" in flow
+    # RL's start was evaluated on test beside RL and the newest RL checkpoint beside its val evaluation
+    # (`evaluation.heldout`), and the evaluate stage found RL's start stored instead of evaluating it again (the
+    # metrics below still equal door 1's, which evaluated everything itself)
+    assert "[heldout-start] exited with code 0" in flow and "[heldout-latest-rl] exited with code 0" in flow
     start = json.loads((q / "reports/select/start.json").read_text())["checkpoint"].rsplit("/", 1)[-1]
-    assert f"RL's start {start} on test: " in (q / "reports/orchestration/heldout_start.log").read_text()
+    assert f"start {start} on test: " in (q / "reports/orchestration/heldout_start.log").read_text()
+    assert "latest-rl step-000002 on test: " in (q / "reports/orchestration/heldout_latest_rl.log").read_text()
     assert [line for line in flow.splitlines()
             if "[evaluate]" in line and f"reusing stored evaluation of {start} on test" in line]
     assert "Data and pipelines are up to date" in dvc(q, "status")
