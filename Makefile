@@ -48,7 +48,12 @@ $(STAMP): pyproject.toml constraints.txt
 	# lmms-eval for the parity test of our readers of its answers (tests/evaluation/test_lmms_parity.py), without its
 	# dependencies (large, and they clash with ours): the test loads its task files by path, never the package.
 	$(UV) pip install --python $(PY) -q --no-deps "lmms-eval==0.7.3" || $(PIP) install -q --no-deps "lmms-eval==0.7.3"
-	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, deepspeed, transformers, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)"
+	# The check imports every framework (in two processes: each writes the bytecode later processes read) while
+	# Prefect's local database is created (the flow's temporary server would migrate it first: ~8 s of `make run`).
+	$(VENV)/bin/prefect server database upgrade -y >/dev/null 2>&1 & db=$$!; \
+	$(PY) -c "import torch, deepspeed, transformers" & heavy=$$!; \
+	$(PY) -c "import cv2, torch, apache_beam, prefect, mlflow, scenedetect; print('env ok: torch', torch.__version__, 'cv2', cv2.__version__)" \
+	  && wait $$heavy && { wait $$db || echo "Prefect's database not created now: the first flow run creates it"; }
 	rm -f $(VENV)/.installed-*; touch $@
 
 # Re-lock the dependency versions (constraints.txt) after pyproject.toml's dependencies change; commit the file.
