@@ -84,6 +84,7 @@ def make_project(workdir: Path, with_dvc: bool = True, fresh_prefect: bool = Fal
         subprocess.run([str(BIN / "dvc"), "init", "-q"], cwd=workdir, check=True)
         shutil.copy(REPO / ".dvc" / "config", workdir / ".dvc" / "config")
         shutil.copy(REPO / "dvc.yaml", workdir / "dvc.yaml")
+        shutil.copy(REPO / ".dvcignore", workdir / ".dvcignore")  # a clone has it: bytecode is not a code dep
     return workdir
 
 
@@ -164,7 +165,6 @@ def real_project(workdir: Path, fresh_prefect: bool = False) -> Path:
     make_project(workdir, fresh_prefect=fresh_prefect)
     for pkg in CODE:
         shutil.copytree(REPO / pkg, workdir / pkg, ignore=shutil.ignore_patterns("__pycache__", ".cache"))
-    shutil.copy(REPO / ".dvcignore", workdir / ".dvcignore")
     set_params(workdir, **TINY_REAL)
     git(workdir, "add", "-A")
     git(workdir, "commit", "-qm", "project")

@@ -2,7 +2,6 @@
 read two passes per video and cached (`vtg.general_tasks.suite_frames`), each the same numbers as what it replaced."""
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +62,7 @@ def test_loader_switches_only_the_vision_tower_and_exports_stay_plain(tmp_path, 
     assert not use_varlen_vision(eager)
 
 
-def test_suite_frames_equal_one_clip_per_item(tmp_path):
+def test_suite_frames_equal_one_clip_per_item(tmp_path, monkeypatch):
     """Several clips of one file (overlapping, to the end, one with no frame inside), a variable-rate file and an
     image: the grouped reader gives each item exactly what `load_frames` gives it alone."""
     import cv2
@@ -79,10 +78,15 @@ def test_suite_frames_equal_one_clip_per_item(tmp_path):
                                          "start_s": s, "end_s": e}) for k, (v, s, e) in enumerate(spans)]
     items.append(GeneralItem.model_validate({"id": "img", "task": "t", "question": "q?", "answer": "a",
                                              "image": str(image)}))
-    cache = Path(os.environ[CACHE_ENV])  # the test run's own (tests/conftest.py)
-    before = set(cache.glob("*")) if cache.is_dir() else set()
+    cache = tmp_path / "suite_frames"  # this test's own (the run's is shared by both workers)
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+
+    def entries() -> set[Path]:  # the decoded suites (not the builders' lock files beside them)
+        return {p for p in cache.glob("*") if not p.name.startswith(".")} if cache.is_dir() else set()
+
+    before = entries()
     grouped = suite_frames(items, 5, 56)  # decoded, then kept on disk
-    (made,) = set(cache.glob("*")) - before
+    (made,) = entries() - before
     cached = suite_frames(items, 5, 56)  # read back from the cache
     assert len(grouped) == len(cached) == len(items)
     for item, (frames, times), (frames2, times2) in zip(items, grouped, cached):
@@ -97,5 +101,5 @@ def test_suite_frames_equal_one_clip_per_item(tmp_path):
     # a changed file is a new key: decoded again, never served stale frames
     write_pts_video(steady, [i / 8 for i in range(40)], (2.0, 3.0), size=64)
     again = suite_frames(items, 5, 56)
-    assert set(cache.glob("*")) - before - {made}
+    assert entries() - before - {made}
     assert np.array_equal(again[0][0], load_frames(items[0], 5, 56)[0])
