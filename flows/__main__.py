@@ -106,11 +106,8 @@ def _main(argv: list[str] | None = None) -> int:
         "DeepSpeed SFT -> GRPO (rl; orchestration.rl=false skips it), every checkpoint evaluated concurrently -> "
         "held-out evaluation of the best -> report.")
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)  # validate (and --dry-run) before Prefect starts
-    from flows import tracking
+    resolve_config(args)  # validate (and --dry-run) before Prefect starts
     from flows.stages import stop_children
-
-    tracking.warm_up(cfg)  # beside the Prefect server's start-up
 
     _Shutdown().install()
     _guard_prefect_server()

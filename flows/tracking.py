@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +21,10 @@ log = logging.getLogger(__name__)
 PARENT_TAG = "mlflow.parentRunId"
 
 
-_warming: threading.Thread | None = None
-
-
-def warm_up(cfg: PipelineConfig) -> None:
-    """Open the tracking store and its experiment in a thread (a fresh clone's SQLite database is migrated first:
-    5-8 s on two cores) while Prefect's temporary API server starts in its own process; DVC's modules are imported
-    there too. The first `client()` call of another thread waits for it. A failure here is left to that call."""
-    global _warming
-    if not cfg.tracking.enabled or _warming is not None:
-        return
-
-    def run() -> None:
-        try:
-            experiment_id(cfg)
-            import dvc.repo  # noqa: F401  (the stages' dvc.lock checks need it next)
-        except Exception as e:  # noqa: BLE001 - the flow's own first call reports it
-            log.debug("tracking warm-up failed: %s", e)
-
-    _warming = threading.Thread(target=run, name="tracking-warm-up", daemon=True)
-    _warming.start()
-
-
 def client(cfg: PipelineConfig):
     import mlflow
     from mlflow import MlflowClient
 
-    warming = _warming
-    if warming is not None and warming is not threading.current_thread():
-        warming.join()  # two first connections would both migrate a fresh database
 
     check_tracking_server(cfg.tracking.tracking_uri)
     mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
