@@ -189,7 +189,7 @@ def tiny_model_dir(seed: int = 0, family: str | None = None) -> Path:
 def tiny_tokenizer(family: str | None = None, seed: int = 0):
     """The tiny model's tokenizer without building the model (so without torch): loaded from the cached build
     when there is one, else trained again (`build_tokenizer` is deterministic: the same vocabulary and merges,
-    `tests/vtg/model/test_tiny.py`). Ingest counts query tokens with it in a process that never imports torch."""
+    `tests/vtg/model/test_modeling.py`). Ingest counts query tokens with it in a process that never imports torch."""
     out = tiny_model_dir(seed, family)
     if (out / "tiny_build.json").is_file():
         from transformers import PreTrainedTokenizerFast  # AutoTokenizer would import torch
