@@ -22,6 +22,7 @@ from flows.stages import ConfigArgs, spawn, stop_process
 from vtg import eval_queue, lineage
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.gpus import visible_gpu_count
 from vtg.net import check_prefect_api
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,8 @@ def prefect_api_url() -> str | None:
 
 
 def visible_gpus() -> int:
-    """GPUs this node shows the flow (CUDA_VISIBLE_DEVICES respected); 0 without CUDA."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
+    """GPUs this node shows the flow (CUDA_VISIBLE_DEVICES respected); 0 without CUDA (`vtg.gpus`)."""
+    return visible_gpu_count()
 
 
 def evaluation_placement(cfg: PipelineConfig, n_gpus: int | None = None) -> Placement:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vtg.config import PipelineConfig
 from vtg.errors import VTGError
+from vtg.gpus import visible_gpu_count
 from vtg.net import OWN_PORT, free_port
 from vtg.stages import stage_module
 
@@ -218,12 +219,7 @@ def launch_cmd(cfg: PipelineConfig, module: str, ranks: int, what: str, args: Se
 
 
 def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
+    return visible_gpu_count() > 0
 
 
 def _lines(stream) -> Iterator[str]:
