@@ -51,7 +51,8 @@ def git(workdir: Path, *args: str) -> str:
 def migrated_prefect_db() -> Path:
     """An empty Prefect database with every migration applied, built once per Prefect version (19 s) under
     .cache/. A fresh PREFECT_HOME makes the ephemeral server migrate first: 31 s to the first flow run instead of
-    20 s, paid by every flow run of the suite. The front-door fixture keeps a fresh home (a user's first run)."""
+    20 s, paid by every flow run of the suite. The front-door fixture keeps a fresh home: the suite's one first flow run
+    that migrates the database itself (`python -m flows` without `make setup`, which migrates it beforehand)."""
     import prefect
 
     db = REPO / ".cache" / f"prefect-db-{prefect.__version__}" / "prefect.db"
