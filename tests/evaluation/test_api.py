@@ -32,6 +32,10 @@ def env(tmp_path_factory, shards_dir):
     import mlflow
 
     tmp = tmp_path_factory.mktemp("eval_e2e")
+    # MLflow puts a new experiment's artifacts in ./mlruns of the working directory (as `make run` does in a
+    # project): here that is tmp, not the repository a test run starts in
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp)
     uri = f"sqlite:///{tmp}/mlflow.db"
     cfg = PipelineConfig.model_validate({
         "evaluate": {"shards_dir": str(shards_dir), "out_dir": str(tmp / "reports/eval"),
@@ -44,7 +48,8 @@ def env(tmp_path_factory, shards_dir):
     train_run = client.create_run(client.create_experiment("train-test")).info.run_id
     root = tmp / "checkpoints" / "sft"
     ckpts = [make_checkpoint(root, 0, shards_dir, 0, train_run), make_checkpoint(root, 30, shards_dir, 30, train_run)]
-    return {"cfg": cfg, "client": client, "train_run": train_run, "root": root, "ckpts": ckpts, "tmp": tmp}
+    yield {"cfg": cfg, "client": client, "train_run": train_run, "root": root, "ckpts": ckpts, "tmp": tmp}
+    mp.undo()
 
 
 def _eval_runs(client) -> list:
@@ -76,6 +81,7 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
         images = re.findall(r'<img src="([^"]+)"', html)
         assert len(images) == 4 and all((res.entry_dir / img).stat().st_size > 1000 for img in images)
         run = client.get_run(r["mlflow_run_id"])
+        assert run.info.artifact_uri.startswith(env["tmp"].as_uri()) or run.info.artifact_uri.startswith(str(env["tmp"]))
         assert run.data.tags[TAG_STAGE] == "evaluate" and run.data.tags[TAG_TRAIN_RUN] == env["train_run"]
         assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
         assert run.data.tags[TAG_DATA_VERSION] == data_version(env["cfg"].evaluate.shards_dir)
@@ -181,6 +187,7 @@ def test_adhoc_cli_moves_no_shared_result(env, capsys, tmp_path):
     overrides = [f"evaluate.{k}={v}" for k, v in cfg.evaluate.model_dump().items()
                  if k in ("shards_dir", "out_dir", "store_dir", "batch_size", "max_new_tokens", "device")]
     overrides += [f"tracking.{k}={v}" for k, v in cfg.tracking.model_dump().items()]
+    overrides = ["--params", str(Path(__file__).resolve().parents[2] / "params.yaml"), *overrides]  # cwd: tmp
     runs = len(_eval_runs(client))
     # a smaller val set than the stage's (other settings: a new result), then every checkpoint on test
     assert run_cli(main, ["--checkpoint", str(env["ckpts"][0]), "--split", "val", "--out", str(tmp_path / "adhoc"),
