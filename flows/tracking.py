@@ -25,7 +25,6 @@ def client(cfg: PipelineConfig):
     import mlflow
     from mlflow import MlflowClient
 
-
     check_tracking_server(cfg.tracking.tracking_uri)
     mlflow.set_tracking_uri(cfg.tracking.tracking_uri)
     return MlflowClient(cfg.tracking.tracking_uri, registry_uri=cfg.tracking.tracking_uri)

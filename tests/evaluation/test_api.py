@@ -81,7 +81,7 @@ def test_checkpoints_evaluated_end_to_end_with_baselines_report_and_registry(env
         images = re.findall(r'<img src="([^"]+)"', html)
         assert len(images) == 4 and all((res.entry_dir / img).stat().st_size > 1000 for img in images)
         run = client.get_run(r["mlflow_run_id"])
-        assert run.info.artifact_uri.startswith(env["tmp"].as_uri()) or run.info.artifact_uri.startswith(str(env["tmp"]))
+        assert str(env["tmp"]) in run.info.artifact_uri  # not the repository's mlruns/
         assert run.data.tags[TAG_STAGE] == "evaluate" and run.data.tags[TAG_TRAIN_RUN] == env["train_run"]
         assert run.data.tags[TAG_STEP] == str(r["step"]) and run.data.tags[TAG_CHECKPOINT] == str(ckpt)
         assert run.data.tags[TAG_DATA_VERSION] == data_version(env["cfg"].evaluate.shards_dir)
