@@ -122,11 +122,11 @@ def plot_location_bias(counts: dict[str, dict[str, list[int]]], path: str) -> No
     """Normalized start/end histograms (one line per population, e.g. all vs kept) as a PNG."""
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from apache_beam.io.filesystems import FileSystems
+
+    from vtg.util import pyplot
+
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
     for ax, which in zip(axes, ("start", "end")):

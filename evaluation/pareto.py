@@ -95,11 +95,9 @@ def _ci(value: float | None, ci: Sequence[float] | None) -> str:
 def plot_plane(pareto: dict, path: Path) -> bool:
     """The grounding-retention plane: every measured checkpoint with its two intervals (SFT circles, RL squares),
     the front as a line, the chosen checkpoint marked, the retention floor dashed. False when nothing is measured."""
-    import matplotlib
+    from vtg.util import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     pts = [p for p in pareto["points"] if p["retention"] is not None]
     if not pts:
         return False

@@ -9,16 +9,12 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from evaluation.intervals import format_ci, format_delta
 from evaluation.pareto import PARETO_PLOT, plane_lines, plot_plane
 from evaluation.registry import DEFAULT_STAGE
 from vtg.harness import card_digest
 from vtg.sources import describe
+from vtg.util import pyplot
 
 PLOTS = ("iou_hist.png", "timelines.png", "step_curve.png", "baselines.png")
 RL_PLOT = "rl_curves.png"
@@ -28,11 +24,11 @@ RL_PLOT = "rl_curves.png"
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def plot_iou_hist(predictions: Sequence[dict], thresholds: Sequence[float], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
     bins = [i / 20 for i in range(21)]
     ax.hist([p["iou"] for p in predictions], bins=bins, alpha=0.8, label="model")
     if predictions and "blank_iou" in predictions[0]:
@@ -47,7 +43,7 @@ def plot_iou_hist(predictions: Sequence[dict], thresholds: Sequence[float], path
 def plot_timelines(predictions: Sequence[dict], n: int, path: Path) -> None:
     step = max(1, len(predictions) // max(n, 1))  # evenly spread over the split, deterministic
     sample = list(predictions[::step][:n]) or [{"key": "(none)", "gt": [], "pred": None, "duration_s": 1, "iou": 0}]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(sample) + 1.2))
+    fig, ax = pyplot().subplots(figsize=(7, 0.45 * len(sample) + 1.2))
     for row, p in enumerate(sample):
         y, d = len(sample) - 1 - row, p["duration_s"] or 1
         ax.broken_barh([(0, 1)], (y - 0.4, 0.8), color="#eeeeee")
@@ -71,7 +67,7 @@ def plot_step_curve(steps: Sequence[dict], metrics: Sequence[str], baselines: di
     """`steps`: one flat row per evaluated checkpoint (`step` and metric columns, as in steps.csv; with RL also
     `stage` and `curve_step`). SFT and RL are drawn as separate lines (RL dashed) on the `curve_step` axis, RL
     after SFT's last step, with a line where RL starts."""
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
     rows = sorted(steps, key=_curve_x)
     stages = list(dict.fromkeys(r.get("stage", DEFAULT_STAGE) for r in rows)) or [DEFAULT_STAGE]
     for i, m in enumerate(metrics):
@@ -121,7 +117,7 @@ def plot_rl_curves(rows: Sequence[dict], path: Path, kl_warn: float | None = Non
                    entropy_warn: float | None = None) -> None:
     """Reward (mean +- std, with the tIoU it is made of), KL to the start policy and entropy per RL step; the
     warning thresholds as dashed lines. A step without a value (NaN) leaves a gap."""
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3), sharex=True)
+    fig, axes = pyplot().subplots(1, 3, figsize=(10, 3), sharex=True)
     steps = [r["step"] for r in rows]
 
     def series(key):
@@ -156,7 +152,7 @@ def plot_baselines(model: dict, baselines: dict, metrics: Sequence[str], path: P
                    ci: dict | None = None) -> None:
     """Bars of the model and each blind baseline per metric, with their 95% intervals (`ci`: the summary's
     `intervals`) as error bars."""
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
     series = {"model": model, **{f"{k} (blind)": v for k, v in baselines.items()}}
     ci = ci or {}
     bounds = {"model": ci.get("model") or {}, **{f"{k} (blind)": (ci.get("baselines") or {}).get(k) or {}

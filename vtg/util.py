@@ -18,3 +18,14 @@ def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported at the first plot: 1-2 s of import
+    that a process which only scores or trains never pays (every evaluation process imports the report module)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -25,3 +25,16 @@ def test_report_html_references_images_that_exist(tmp_path):
     assert sorted(images) == sorted(PLOTS)
     assert all((html_path.parent / i).read_bytes()[:4] == b"\x89PNG" for i in images)
     assert "q &lt;b&gt;" in html and "visual gain" in html and "50.0%" in html
+
+
+def test_scoring_alone_does_not_import_matplotlib():
+    """pyplot is imported at the first plot (`vtg.util.pyplot`): an evaluation process that scores and reuses stored
+    reports (selection, a cached per-checkpoint evaluation) does not pay its 1-2 s of import."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, evaluation.api, evaluation.select; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
