@@ -377,9 +377,9 @@ class CheckpointLock:
         self.root = Path(root)
         self.path = self.root / LOCK_FILE
         self.fd: int | None = None
-        self.created_root = False
-        """The lock made the root: released with nothing else in it, the empty root goes too (a refused run
-        leaves nothing behind)."""
+        self.created: list[Path] = []
+        """The folders the lock made (the root and any missing parents, deepest first): released with nothing else
+        in them, they go too, so a refused run (missing shards, a bad setting) leaves no empty `checkpoints/`."""
 
     def _held_here(self) -> bool:
         try:
@@ -404,8 +404,9 @@ class CheckpointLock:
 
         for _ in range(50):
             if not self.root.exists():
+                missing = [d for d in (self.root, *self.root.parents) if not d.exists()]
                 self.root.mkdir(parents=True, exist_ok=True)
-                self.created_root = True
+                self.created = missing
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -442,11 +443,12 @@ class CheckpointLock:
             self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
-        if self.created_root:
+        for folder in self.created:
             try:
-                self.root.rmdir()  # only when empty: nothing but our lock file was ever in it
+                folder.rmdir()  # only when empty: nothing but our lock file was ever in it
             except OSError:
-                pass
+                break
+        self.created = []
 
     def __enter__(self) -> CheckpointLock:  # noqa: PYI034
         return self if self.fd is not None else self.acquire()

@@ -127,6 +127,20 @@ def test_second_trainer_on_a_locked_folder_fails_fast_naming_the_holder(tmp_path
         _kill_all([holder.pid])
 
 
+def test_a_released_lock_removes_only_the_empty_folders_it_made(tmp_path: Path):
+    """A run refused after the lock (no shards, a bad setting) leaves no empty `checkpoints/sft` nor `checkpoints/`
+    behind; a folder that existed, or one that got content, stays."""
+    CheckpointLock(tmp_path / "checkpoints" / "sft").acquire().release()
+    assert list(tmp_path.iterdir()) == []
+    lock = CheckpointLock(tmp_path / "a" / "b" / "ck").acquire()
+    (tmp_path / "a" / "kept.txt").write_text("x")  # a user's file beside the run
+    lock.release()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["a", "a/kept.txt"]
+    (tmp_path / "ck").mkdir()
+    CheckpointLock(tmp_path / "ck").acquire().release()
+    assert (tmp_path / "ck").is_dir()  # it was there before
+
+
 def test_lock_follows_a_root_moved_aside(tmp_path: Path):
     out = tmp_path / "ck"
     lock = CheckpointLock(out).acquire()
