@@ -59,6 +59,7 @@ def migrated_prefect_db() -> Path:
     if not db.exists():
         tmp = db.parent.with_name(f"{db.parent.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)  # Prefect opens <home>/prefect.db without making a missing .cache/ first
         env = {**os.environ, "PREFECT_HOME": str(tmp), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         env.pop("PREFECT_API_URL", None)
         subprocess.run([str(BIN / "prefect"), "server", "database", "upgrade", "-y"], env=env, check=True,
