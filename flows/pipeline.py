@@ -124,6 +124,22 @@ def _start_heldout(cfg: PipelineConfig, args: ConfigArgs, which: str) -> Backgro
     return BackgroundStage(f"heldout-{which}", module_cmd("evaluation.heldout", [*args.argv(), "--which", which]), log_path)
 
 
+HELDOUT_FOR = "evaluation"
+"""The evaluate stage module whose work `evaluation.heldout` does ahead (`python -m evaluation`, dvc.yaml): it finds
+what `evaluation.api` stored under its key. Another implementation of the stage (`orchestration.stages.evaluate`)
+never reads those results, so the flow does not start them for it."""
+
+
+def _heldout_ahead(cfg: PipelineConfig) -> bool:
+    from vtg.stages import stage_module
+
+    module = stage_module("evaluate", cfg)
+    if module != HELDOUT_FOR:
+        log.info("held-out evaluations ahead: off (the evaluate stage is `python -m %s`, which would not read them)",
+                 module)
+    return module == HELDOUT_FOR
+
+
 def _join_background(stage: BackgroundStage, fallback: str) -> None:
     """Wait for a step started in the background; a failure is only logged (`fallback` says who does the work
     instead and reports what went wrong as its own error)."""
@@ -175,12 +191,12 @@ def _train_and_evaluate(cfg: PipelineConfig, args: ConfigArgs, parent: str | Non
         for prep in early:
             _wait_for_base(prep)
         summary["stages"]["select"] = _call(tasks.select, cfg=cfg, args=args)
-        rl_runs = cfg.orchestration.rl and start_pointer_path(cfg).is_file()
-        if rl_runs:
+        ahead = cfg.orchestration.rl and start_pointer_path(cfg).is_file() and _heldout_ahead(cfg)
+        if ahead:
             heldout.append(_start_heldout(cfg, args, "start"))
         tuned = _call(tasks.rl, **common)
         summary["stages"]["rl"] = tuned
-        if rl_runs and tuned.get("status") != "up to date":
+        if ahead and tuned.get("status") != "up to date":
             heldout.append(_start_heldout(cfg, args, "latest-rl"))
     except BaseException:
         for job in heldout:

@@ -56,6 +56,9 @@ def test_failure_after_preprocess_then_retry_skips_finished_steps(project: Path)
     assert stage_calls(project) == ["corpus", "ingest", "annotate", "preprocess", "train", "select", "rl", "evaluate-cli"]
     log = second.stdout + second.stderr
     assert log.count("Cached('up to date (dvc.lock)'") == 4
+    # the stand-in evaluate stage would never read held-out results stored ahead by `evaluation.heldout`: none start
+    # (the front-door test checks that the shipped stage's do, and that it reuses them)
+    assert "[heldout-" not in log and not list((project / "reports/orchestration").glob("heldout_*.log"))
 
     report = (project / "reports/pipeline_report.md").read_text()
     assert "eval_mode | `embedded`" in report and "Held-out test metrics" in report
