@@ -31,6 +31,7 @@ import torch
 from training.dist import DistInfo, barrier, broadcast, rng_state, set_rng_state
 from vtg import checkpoints as ckpt
 from vtg import eval_queue
+from vtg.checkpoint_lock import lock_checkpoint_root
 from vtg.config import PipelineConfig, output_roots_overlap
 from vtg.config.view import unguarded
 from vtg.errors import VTGError, out_of_space
@@ -228,7 +229,7 @@ class RunLifecycle:
         self.run = getattr(cfg, section)
         self.root = Path(self.run.out_dir)
         # one trainer per checkpoint folder: rank 0 holds <root>/.lock until the run ends (or the process dies)
-        self.lock = ckpt.lock_checkpoint_root(self.root) if dist.is_main else None
+        self.lock = lock_checkpoint_root(self.root) if dist.is_main else None
 
     def guarded(self, setup, *args) -> None:
         """Run a trainer's setup; if it fails, release the lock before raising (an in-process caller may retry)."""

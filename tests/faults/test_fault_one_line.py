@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support.declared import declared_arg
 
-from vtg import checkpoints as ckpt
+from vtg.checkpoint_lock import LOCK_FILE, lock_checkpoint_root
 from vtg.errors import VTGError
 from vtg.net import free_port
 
@@ -76,7 +76,7 @@ def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_temp(tmp_path: Path
         r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, check=False)
         line = _one_line_error(r)
         assert "step 1: no room for the checkpoint" in line and str(out) in line and "df -h" in line, line
-        assert not list(out.glob(".tmp-*")) and not (out / ckpt.LOCK_FILE).exists()  # nothing left filling it
+        assert not list(out.glob(".tmp-*")) and not (out / LOCK_FILE).exists()  # nothing left filling it
         assert shutil.disk_usage(disk).used < 256 * 1024
 
         # The disk full before the run starts: the lock says so in one line and leaves no empty lock file.
@@ -84,7 +84,7 @@ def test_full_disk_at_a_checkpoint_is_one_line_and_leaves_no_temp(tmp_path: Path
         r = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600, check=False)
         line = _one_line_error(r)
         assert f"cannot lock {out}" in line and "no space left" in line, line
-        assert not (out / ckpt.LOCK_FILE).exists()
+        assert not (out / LOCK_FILE).exists()
 
 
 def test_lock_on_a_full_disk_is_a_user_error(tmp_path: Path):
@@ -92,8 +92,8 @@ def test_lock_on_a_full_disk_is_a_user_error(tmp_path: Path):
         (disk / "ck").mkdir()
         fill(disk)
         with pytest.raises(VTGError, match=r"cannot lock .*ck: no space left on the device writing"):
-            ckpt.lock_checkpoint_root(disk / "ck")
-        assert not (disk / "ck" / ckpt.LOCK_FILE).exists()
+            lock_checkpoint_root(disk / "ck")
+        assert not (disk / "ck" / LOCK_FILE).exists()
 
 
 def test_an_unreachable_tracking_server_fails_at_once_in_one_line(tmp_path: Path):

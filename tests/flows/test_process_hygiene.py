@@ -14,7 +14,7 @@ import pytest
 from support.flowkit import PY, STANDIN_OVERRIDES, make_project, project_env
 from support.killkit import wait_until
 
-from vtg.checkpoints import LOCK_FILE, CheckpointLock, lock_checkpoint_root
+from vtg.checkpoint_lock import LOCK_FILE, CheckpointLock, lock_checkpoint_root
 from vtg.errors import VTGError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_evaluator_follow_loop_ends_when_its_parent_is_gone(tmp_path: Path):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from vtg.checkpoints import lock_checkpoint_root
+    from vtg.checkpoint_lock import lock_checkpoint_root
     lock = lock_checkpoint_root(sys.argv[1])
     print("locked", flush=True)
     time.sleep(120)

@@ -157,7 +157,7 @@ def test_a_stream_that_gives_no_example_stops_with_an_error_instead_of_spinning(
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from vtg.checkpoints import lock_checkpoint_root
+    from vtg.checkpoint_lock import lock_checkpoint_root
     lock = lock_checkpoint_root(sys.argv[1])
     print("locked", flush=True)
     time.sleep(120)
