@@ -27,6 +27,7 @@ from vtg.config import PipelineConfig, config_hash, load_config
 from vtg.errors import VTGError
 from vtg.selection import start_pointer_path
 from vtg.shards import data_version
+from vtg.stages import stage_module
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -131,8 +132,6 @@ never reads those results, so the flow does not start them for it."""
 
 
 def _heldout_ahead(cfg: PipelineConfig) -> bool:
-    from vtg.stages import stage_module
-
     module = stage_module("evaluate", cfg)
     if module != HELDOUT_FOR:
         log.info("held-out evaluations ahead: off (the evaluate stage is `python -m %s`, which would not read them)",
