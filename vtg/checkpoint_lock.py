@@ -44,6 +44,7 @@ class CheckpointLock:
                 with contextlib.suppress(OSError):
                     if self.path.is_file() and self.path.stat().st_size == 0:
                         self.path.unlink()
+                self._remove_created()
             raise VTGError(f"cannot lock {self.root}: {describe_os_error(e)}") from None
 
     def _acquire(self) -> CheckpointLock:
@@ -90,6 +91,9 @@ class CheckpointLock:
             self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
+        self._remove_created()
+
+    def _remove_created(self) -> None:
         for folder in self.created:
             try:
                 folder.rmdir()  # only when empty: nothing but our lock file was ever in it

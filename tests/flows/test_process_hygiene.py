@@ -141,6 +141,23 @@ def test_a_released_lock_removes_only_the_empty_folders_it_made(tmp_path: Path):
     assert (tmp_path / "ck").is_dir()  # it was there before
 
 
+def test_a_lock_that_cannot_be_taken_removes_the_folders_it_made(tmp_path: Path, monkeypatch):
+    """The lock file cannot be written (a full disk: ENOSPC, stood in for by os.open failing): one-line error, and
+    the folders made for it go too."""
+    import errno
+
+    from vtg import checkpoint_lock
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    (tmp_path / "kept").mkdir()
+    monkeypatch.setattr(checkpoint_lock.os, "open", no_space)
+    with pytest.raises(VTGError, match="cannot lock .*no space left"):
+        CheckpointLock(tmp_path / "checkpoints" / "sft").acquire()
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"]
+
+
 def test_lock_follows_a_root_moved_aside(tmp_path: Path):
     out = tmp_path / "ck"
     lock = CheckpointLock(out).acquire()
